@@ -1,0 +1,170 @@
+"""`tkg`: build, stats and benchmarks from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+COUNT_ROWS = (
+    ("episodes_in", "records read"),
+    ("episodes_ok", "records accepted"),
+    ("rejected", "records rejected"),
+    ("duplicates", "re-delivered duplicates"),
+    ("missing_timezone", "timestamps without zone (UTC)"),
+    ("extract_failed", "episodes with failed extraction"),
+    ("episodes", "episodes"),
+    ("entities", "entities"),
+    ("mentions", "mentions"),
+    ("facts", "facts (edges)"),
+    ("facts_current", "facts, current versions"),
+    ("facts_invalidated", "facts invalidated"),
+    ("communities", "communities"),
+    ("llm_calls", "LLM calls"),
+)
+
+
+def print_summary(summary: dict[str, Any], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    counts = Table(title=title, show_header=True, header_style="bold")
+    counts.add_column("what")
+    counts.add_column("count", justify="right")
+    for key, label in COUNT_ROWS:
+        if key in summary:
+            counts.add_row(label, f"{summary[key]:,}")
+    console.print(counts)
+    seconds = summary.get("seconds") or {}
+    if seconds:
+        stages = Table(title="seconds per stage", show_header=True, header_style="bold")
+        stages.add_column("stage")
+        stages.add_column("seconds", justify="right")
+        for stage, value in seconds.items():
+            stages.add_row(stage, f"{value:.2f}")
+        stages.add_row("total", f"{sum(seconds.values()):.2f}", style="bold")
+        console.print(stages)
+    console.print(f"snapshot: {summary.get('snapshot')}")
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from pipeline.build import build
+    from pipeline.config import load_config
+
+    config = load_config(args.config)
+    result = build(config, args.input, args.store, run_id=args.run_id)
+    if args.json:
+        print(json.dumps(result.summary, default=str))
+    else:
+        print_summary(result.summary, f"tkg build {result.summary['run_id']}")
+    return 0
+
+
+def store_stats(store_dir: Path) -> dict[str, Any]:
+    """Counts read from the current snapshot's catalog, plus its run's timings."""
+    from pipeline import store
+
+    snapshot = store.current_snapshot(store_dir)
+    manifest = store.read_manifest(snapshot)
+    with store.connect(store_dir) as con:
+        def one(sql: str) -> int:
+            return int(con.execute(sql).fetchone()[0])
+
+        stats = {
+            "run_id": manifest["run_id"],
+            "store": str(store_dir),
+            "snapshot": str(snapshot),
+            **{k: manifest["summary"].get(k, 0) for k in
+               ("episodes_in", "episodes_ok", "rejected", "duplicates", "missing_timezone",
+                "extract_failed", "llm_calls", "llm_tokens")},
+            "episodes": one("SELECT count(*) FROM episodes"),
+            "entities": one("SELECT count(*) FROM entities"),
+            "mentions": one("SELECT count(*) FROM mentions"),
+            "facts": one("SELECT count(DISTINCT edge_id) FROM facts"),
+            "facts_current": one("SELECT count(*) FROM facts_current"),
+            "facts_invalidated": one(
+                "SELECT count(*) FROM facts_current WHERE invalid_at IS NOT NULL"),
+            "communities": one("SELECT count(*) FROM communities"),
+            "rejects": one("SELECT count(*) FROM rejects"),
+            "groups": one("SELECT count(DISTINCT group_id) FROM episodes"),
+            "seconds": manifest["summary"].get("seconds", {}),
+        }
+    return stats
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    stats = store_stats(Path(args.store))
+    if args.json:
+        print(json.dumps(stats, default=str))
+    else:
+        print_summary(stats, f"tkg store {args.store} (snapshot {stats['run_id']})")
+    return 0
+
+
+def cmd_bench_build(args: argparse.Namespace) -> int:
+    from jobs.bench import bench_build
+
+    figures = bench_build(args.episodes, config_path=args.config, seed=args.seed,
+                          groups=args.groups, workdir=args.workdir)
+    if args.json:
+        print(json.dumps(figures, default=str))
+    else:
+        from jobs.bench import print_bench
+
+        print_bench(figures)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="tkg", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+
+    build = commands.add_parser("build", help="build a snapshot from input files")
+    build.add_argument("--config", default=None, help="YAML config (default: embedded default)")
+    build.add_argument("--input", action="append", required=True,
+                       help="a .jsonl/.parquet file, a folder or a glob; repeatable")
+    build.add_argument("--store", required=True, help="store folder")
+    build.add_argument("--run-id", default=None, help="resume or name a run")
+    build.add_argument("--json", action="store_true", help="print one JSON object")
+    build.set_defaults(fn=cmd_build)
+
+    stats = commands.add_parser("stats", help="counts of the current snapshot")
+    stats.add_argument("--store", required=True)
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(fn=cmd_stats)
+
+    bench = commands.add_parser("bench", help="benchmarks (print figures, never gate)")
+    benches = bench.add_subparsers(dest="bench", required=True)
+    bench_build = benches.add_parser("build", help="synthetic episodes, embedded default")
+    bench_build.add_argument("--episodes", type=int, default=20_000)
+    bench_build.add_argument("--groups", type=int, default=3)
+    bench_build.add_argument("--seed", type=int, default=0)
+    bench_build.add_argument("--config", default=None)
+    bench_build.add_argument("--workdir", default=None, help="keep inputs and store here")
+    bench_build.add_argument("--json", action="store_true")
+    bench_build.set_defaults(fn=cmd_bench_build)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from pipeline.sources import InputError
+    from pipeline.store import StoreError
+
+    try:
+        return args.fn(args)
+    except (InputError, StoreError, FileNotFoundError, ValueError) as exc:
+        print(f"tkg: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""The build runner: stages in order, outputs materialized under the run's work dir, publish.
+
+A stage whose `_SUCCESS.json` exists in the work dir is not run again, so `tkg build
+--run-id ID` after a crash resumes after the last finished stage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import ray
+import ray.data
+from ray.data import Dataset
+
+from pipeline import schema, sources, store
+from pipeline.config import TkgConfig
+from pipeline.embed import embedding_dim
+from pipeline.stages import STAGES, RunContext
+
+log = logging.getLogger("tkg.build")
+SUCCESS = "_SUCCESS.json"
+# Work tables -> the published table they become.
+PUBLISH = {
+    "episodes_embedded": "episodes",
+    "entities": "entities",
+    "entity_aliases": "entity_aliases",
+    "mentions": "mentions",
+    "facts": "facts",
+}
+REJECT_OUTPUTS = ("read_rejects", "window_rejects", "extract_rejects")
+
+
+@dataclass
+class BuildResult:
+    summary: dict[str, Any]
+    snapshot: Path
+
+
+def new_run_id(now: datetime, files: list[Path]) -> str:
+    digest = hashlib.sha256("\n".join(map(str, files)).encode()).hexdigest()[:6]
+    return f"{now:%Y%m%dT%H%M%SZ}-{digest}"
+
+
+def init_ray(config: TkgConfig) -> int:
+    """Join the configured cluster, or start a local Ray; returns the CPUs available."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if not ray.is_initialized():
+        ray.init(
+            address=config.ray.address, num_cpus=config.ray.num_cpus,
+            include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+            configure_logging=True,
+        )
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = config.ray.progress_bars
+    context.verbose_progress = False
+    cpus = int(ray.cluster_resources().get("CPU", 1))
+    context.default_hash_shuffle_parallelism = config.ray.shuffle_partitions or max(2 * cpus, 2)
+    return cpus
+
+
+def _read_output(path: Path) -> Dataset:
+    """A finished stage output, loaded before the next stage starts: actor pools then never
+    wait for CPU slots held by read tasks (a deadlock on small machines)."""
+    files = sorted(str(p) for p in path.glob("*.parquet"))
+    return ray.data.read_parquet(files).materialize()
+
+
+def _materialize(name: str, dataset: Dataset, target: Path) -> int:
+    """Write a stage output as Parquet (one file at least, so its schema survives)."""
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    rows = 0
+    for index, ref in enumerate(dataset.to_arrow_refs()):
+        table = ray.get(ref)
+        if table.num_rows or index == 0:
+            pa.parquet.write_table(table, target / f"part-{index:05d}.parquet")
+            rows += table.num_rows
+    if not any(target.iterdir()):
+        log.warning("stage output %s produced no blocks", name)
+    return rows
+
+
+def run_stages(ctx: RunContext) -> dict[str, float]:
+    """Run each stage not already finished in the work dir; returns seconds per stage."""
+    import pyarrow.parquet  # noqa: F401 - registers pa.parquet
+
+    seconds: dict[str, float] = {}
+    outputs: dict[str, Path] = {}
+    for stage in STAGES:
+        stage_dir = ctx.work_dir / stage.name
+        marker = stage_dir / SUCCESS
+        if marker.is_file():
+            done = json.loads(marker.read_text())
+            for key, value in done["counters"].items():
+                ctx.count(key, value)
+            seconds[stage.name] = done["seconds"]
+            outputs.update({name: stage_dir / name for name in stage.outputs})
+            log.info("stage %s already finished, skipped", stage.name)
+            continue
+        started = time.perf_counter()
+        before = dict(ctx.counters)
+        inputs = {name: _read_output(outputs[name]) for name in stage.inputs}
+        results = stage.run(ctx, inputs)
+        rows = {}
+        for name in stage.outputs:
+            rows[name] = _materialize(name, results[name], stage_dir / name)
+            outputs[name] = stage_dir / name
+        seconds[stage.name] = round(time.perf_counter() - started, 3)
+        counters = {k: v - before.get(k, 0) for k, v in ctx.counters.items()}
+        marker.write_text(json.dumps({"seconds": seconds[stage.name], "rows": rows,
+                                      "counters": counters}))
+    ctx.counters["_outputs"] = 0
+    ctx.outputs = outputs  # type: ignore[attr-defined]
+    return seconds
+
+
+def _publish_table(source: Path, target: Path, table_schema: pa.Schema) -> int:
+    files = sorted(source.glob("*.parquet"))
+    rows = 0
+    if files:
+        tasks = [_write_parts.remote(str(f), target, table_schema) for f in files]
+        rows = sum(ray.get(tasks))
+    store.write_empty(target, table_schema)
+    return rows
+
+
+@ray.remote
+def _write_parts(path: str, target: Path, table_schema: pa.Schema) -> int:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    if table.num_rows == 0:
+        return 0
+    store.write_group_parts(table, target, table_schema)
+    return table.num_rows
+
+
+def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
+            started_at: datetime) -> BuildResult:
+    """Write the snapshot (tables, catalog, manifest) and switch CURRENT last."""
+    import pyarrow.parquet as pq
+
+    started = time.perf_counter()
+    snapshot = store.prepare_snapshot(store_dir, ctx.run_id)
+    outputs: dict[str, Path] = ctx.outputs  # type: ignore[attr-defined]
+    rows: dict[str, int] = {}
+    for work_name, table in PUBLISH.items():
+        rows[table] = _publish_table(outputs[work_name], snapshot / table,
+                                     schema.PUBLISHED[table](ctx.dim))
+    reject_tables = {name: schema.conform(pq.read_table(outputs[name]), schema.REJECTS)
+                     for name in REJECT_OUTPUTS}
+    rejects = pa.concat_tables(list(reject_tables.values()))
+    rows["rejects"] = rejects.num_rows
+    _write_small(rejects, snapshot / "rejects", schema.REJECTS)
+    for table in ("communities", "community_members"):
+        store.write_empty(snapshot / table, schema.PUBLISHED[table](ctx.dim))
+        rows[table] = 0
+
+    # Records not in the graph: unreadable ones and conflicting duplicate ids. Episodes whose
+    # extraction failed stay in the graph (and are listed in rejects as extract_failed).
+    rejected = reject_tables["read_rejects"].num_rows + reject_tables["window_rejects"].num_rows
+    episodes_ok = ctx.counters.get("episodes_in", 0) - rejected
+    summary: dict[str, Any] = {
+        "run_id": ctx.run_id,
+        "store": str(store_dir),
+        "snapshot": str(snapshot),
+        "episodes_in": ctx.counters.get("episodes_in", 0),
+        "episodes_ok": episodes_ok,
+        "rejected": rejected,
+        "duplicates": episodes_ok - rows["episodes"],
+        "extract_failed": reject_tables["extract_rejects"].num_rows,
+        "missing_timezone": ctx.counters.get("missing_timezone", 0),
+        "episodes": rows["episodes"],
+        "entities": rows["entities"],
+        "mentions": rows["mentions"],
+        **_fact_counts(snapshot),
+        "communities": 0,
+        "llm_calls": 0,
+        "llm_tokens": 0,
+        "seconds": {**seconds, "publish": 0.0},
+    }
+    runs = pa.concat_tables([store.previous_runs(store_dir), _run_row(ctx, summary, started_at)])
+    _write_small(runs, snapshot / "runs", schema.RUNS)
+    store.build_catalog(snapshot, list(schema.PUBLISHED))
+    summary["seconds"]["publish"] = round(time.perf_counter() - started, 3)
+    summary["seconds_total"] = round(sum(summary["seconds"].values()), 3)
+    store.write_manifest(snapshot, {
+        "run_id": ctx.run_id, "created_at": ctx.created_at.isoformat(),
+        "config_hash": ctx.config.fingerprint(), "config": ctx.config.model_dump(),
+        "embedding": {"model": ctx.config.embed.model, "dim": ctx.dim},
+        "inputs": [str(f) for f in ctx.files], "tables": rows, "summary": summary,
+        "schema_version": 1,
+    })
+    store.switch_current(store_dir, ctx.run_id)
+    return BuildResult(summary=summary, snapshot=snapshot)
+
+
+def _fact_counts(snapshot: Path) -> dict[str, int]:
+    import duckdb
+
+    glob = (snapshot / "facts").resolve() / "**" / "*.parquet"
+    with duckdb.connect() as con:
+        facts, current, invalidated = con.execute(
+            "SELECT count(DISTINCT edge_id), count(*) FILTER (expired_at IS NULL), "
+            "count(*) FILTER (expired_at IS NULL AND invalid_at IS NOT NULL) "
+            "FROM read_parquet(?, hive_partitioning = false)", [glob.as_posix()]
+        ).fetchone()
+    return {"facts": facts, "facts_current": current, "facts_invalidated": invalidated}
+
+
+def _write_small(table: pa.Table, target: Path, table_schema: pa.Schema) -> None:
+    """Driver-side write of a small table (rejects, runs)."""
+    if table.num_rows and "group_id" in table_schema.names:
+        store.write_group_parts(table, target, table_schema)
+    elif table.num_rows:
+        target.mkdir(parents=True, exist_ok=True)
+        pa.parquet.write_table(schema.conform(table, table_schema), target / "part-00000.parquet")
+    store.write_empty(target, table_schema)
+
+
+def _run_row(ctx: RunContext, summary: dict[str, Any], started_at: datetime) -> pa.Table:
+    row = {key: summary.get(key) for key in schema.RUNS.names}
+    row.update(
+        status="succeeded", config_hash=ctx.config.fingerprint(),
+        inputs=[str(f) for f in ctx.files], started_at=started_at, finished_at=store.now(),
+        llm_prompt_tokens=0, llm_completion_tokens=0,
+        stage_seconds=list(summary["seconds"].items()),
+    )
+    return pa.Table.from_pylist([row], schema=schema.RUNS)
+
+
+def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
+          run_id: str | None = None) -> BuildResult:
+    """Build a snapshot of `inputs` into `store_dir` and publish it."""
+    store_dir = Path(store_dir)
+    files = sources.discover(inputs)
+    started_at = store.now()
+    run_id = run_id or new_run_id(started_at, files)
+    work = store.work_dir(store_dir, run_id)
+    work.mkdir(parents=True, exist_ok=True)
+    created_file = work / "created_at"
+    if created_file.is_file():  # a resumed run keeps its transaction time
+        created_at = datetime.fromisoformat(created_file.read_text().strip())
+    else:
+        created_at = started_at
+        created_file.write_text(created_at.isoformat())
+    cpus = init_ray(config)
+    ctx = RunContext(config=config, run_id=run_id, created_at=created_at, files=files,
+                     work_dir=work, dim=embedding_dim(config), cpus=cpus)
+    seconds = run_stages(ctx)
+    return publish(ctx, store_dir, seconds, started_at)

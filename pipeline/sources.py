@@ -1,0 +1,342 @@
+"""Readers and validation: input files -> episodes, bad records -> rejects (DESIGN §3).
+
+A record is either an episode or a reject with its file, line and reason: nothing read is
+lost and one bad record never stops a run. Reading is streamed line by line with a bounded
+line length, so a hostile file cannot blow up a worker's memory.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import schema
+from pipeline.config import GROUP_ID_PATTERN, LimitsConfig
+
+JSONL_SUFFIXES = {".jsonl", ".ndjson"}
+PARQUET_SUFFIXES = {".parquet", ".pq"}
+KINDS = ("message", "text", "json")
+MAX_ID_CHARS = 512
+
+
+class InputError(ValueError):
+    """A problem with the inputs as a whole (nothing to read), as opposed to one bad record."""
+
+
+class RecordError(ValueError):
+    """Why one record cannot become an episode; the message is the reject reason."""
+
+
+@dataclass
+class ReadStats:
+    episodes_in: int = 0
+    episodes_ok: int = 0
+    rejected: int = 0
+    missing_timezone: int = 0
+    files: list[str] = field(default_factory=list)
+
+    def add(self, other: ReadStats) -> None:
+        self.episodes_in += other.episodes_in
+        self.episodes_ok += other.episodes_ok
+        self.rejected += other.rejected
+        self.missing_timezone += other.missing_timezone
+        self.files += other.files
+
+
+def discover(inputs: list[str]) -> list[Path]:
+    """Files named by `inputs`: files, folders (searched recursively) or glob patterns."""
+    found: set[Path] = set()
+    for item in inputs:
+        path = Path(item)
+        if path.is_file():
+            found.add(path.resolve())
+        elif path.is_dir():
+            found.update(
+                p.resolve()
+                for p in path.rglob("*")
+                if p.is_file() and p.suffix.lower() in JSONL_SUFFIXES | PARQUET_SUFFIXES
+            )
+        else:
+            matches = [Path(m) for m in glob.glob(item, recursive=True)]
+            files = [m.resolve() for m in matches if m.is_file()]
+            if not files:
+                raise InputError(
+                    f"input {item!r} matches no file; pass a .jsonl/.parquet file, a folder "
+                    "or a glob such as 'data/**/*.jsonl'"
+                )
+            found.update(files)
+    if not found:
+        raise InputError(f"no .jsonl or .parquet files under {inputs}")
+    return sorted(found)
+
+
+def parse_timestamp(value: Any) -> tuple[datetime, bool]:
+    """ISO-8601 -> aware UTC datetime; the flag says the input had no zone (taken as UTC)."""
+    if not isinstance(value, str) or not value.strip():
+        raise RecordError("missing or non-string 'timestamp' (ISO-8601 expected)")
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError as exc:
+        raise RecordError(f"timestamp {value[:64]!r} is not ISO-8601") from exc
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC), True
+    return parsed.astimezone(UTC), False
+
+
+def _text(record: dict, key: str, *, required: bool, limit: int) -> str | None:
+    value = record.get(key)
+    if value is None or value == "":
+        if required:
+            raise RecordError(f"missing field {key!r}")
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise RecordError(f"field {key!r} must be a string, got {type(value).__name__}")
+    value = str(value)
+    if len(value) > limit:
+        raise RecordError(f"field {key!r} is {len(value)} characters, over the limit of {limit}")
+    return value
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a JSON value, stopping at `limit` + 1."""
+    stack = [(value, 1)]
+    deepest = 0
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
+def to_episode(record: Any, limits: LimitsConfig) -> tuple[dict, bool]:
+    """Validate one input record and map it to an episode row (without run columns)."""
+    if not isinstance(record, dict):
+        raise RecordError(f"record must be a JSON object, got {type(record).__name__}")
+    group_id = record.get("group_id")
+    if not isinstance(group_id, str) or not GROUP_ID_PATTERN.match(group_id):
+        raise RecordError(
+            f"invalid group_id {str(group_id)[:64]!r}: must match [A-Za-z0-9_-]{{1,128}}"
+        )
+    source_id = _text(record, "id", required=True, limit=MAX_ID_CHARS)
+    kind = record.get("kind") or "message"
+    if kind not in KINDS:
+        raise RecordError(f"unknown kind {str(kind)[:32]!r}: expected one of {', '.join(KINDS)}")
+    valid_at, missing_zone = parse_timestamp(record.get("timestamp"))
+    cap = limits.max_content_chars
+    row: dict[str, Any] = {
+        "group_id": group_id,
+        "source_id": source_id,
+        "kind": kind,
+        "valid_at": valid_at,
+        "source_description": _text(record, "source_description", required=False, limit=cap),
+    }
+    if kind == "message":
+        row["conversation_id"] = _text(record, "conversation_id", required=True, limit=cap)
+        row["speaker"] = _text(record, "speaker", required=True, limit=cap)
+        row["role"] = _text(record, "role", required=False, limit=MAX_ID_CHARS)
+        row["content"] = _text(record, "content", required=True, limit=cap)
+    elif kind == "text":
+        row["title"] = _text(record, "title", required=False, limit=cap)
+        row["content"] = _text(record, "content", required=True, limit=cap)
+    else:
+        row["source"] = _text(record, "source", required=True, limit=MAX_ID_CHARS)
+        data = record.get("data")
+        if isinstance(data, str):  # Parquet carries the object as a JSON string
+            try:
+                data = json.loads(data)
+            except (ValueError, RecursionError) as exc:
+                raise RecordError(f"field 'data' is not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise RecordError("field 'data' must be a JSON object")
+        if _depth(data, limits.max_json_depth) > limits.max_json_depth:
+            raise RecordError(f"field 'data' is nested deeper than {limits.max_json_depth}")
+        content = json.dumps(data, ensure_ascii=False, sort_keys=True)
+        if len(content) > cap:
+            raise RecordError(f"field 'data' is {len(content)} characters, over {cap}")
+        row["content"] = content
+    row["episode_id"] = schema.stable_id(group_id, source_id)
+    fingerprint = json.dumps(
+        [row.get(k) for k in ("kind", "conversation_id", "speaker", "role", "title", "source",
+                              "content", "source_description")]
+        + [valid_at.isoformat()],
+        ensure_ascii=False,
+    )
+    row["content_hash"] = hashlib.sha256(fingerprint.encode()).hexdigest()
+    return row, missing_zone
+
+
+def _jsonl_lines(path: Path, max_bytes: int) -> Iterator[tuple[int, bytes | None, int]]:
+    """(line number, bytes or None when over-long, length) for each non-blank line."""
+    with path.open("rb") as handle:
+        number = 0
+        while True:
+            chunk = handle.readline(max_bytes + 1)
+            if not chunk:
+                return
+            number += 1
+            if len(chunk) > max_bytes and not chunk.endswith(b"\n"):
+                length = len(chunk)
+                head = chunk
+                while chunk and not chunk.endswith(b"\n"):  # skip the rest of the long line
+                    chunk = handle.readline(1 << 20)
+                    length += len(chunk)
+                yield number, None, length
+                del head
+                continue
+            if chunk.strip():
+                yield number, chunk, len(chunk)
+
+
+def _jsonl_records(path: Path, limits: LimitsConfig) -> Iterator[tuple[int, Any, bytes | None]]:
+    """(line, parsed record or RecordError, raw bytes) per line."""
+    for number, raw, length in _jsonl_lines(path, limits.max_line_bytes):
+        if raw is None:
+            yield number, RecordError(
+                f"line is {length} bytes, over the limit of {limits.max_line_bytes}"
+            ), None
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            yield number, RecordError(f"invalid UTF-8 at byte {exc.start}"), raw
+            continue
+        try:
+            yield number, json.loads(text), raw
+        except RecursionError:
+            yield number, RecordError("JSON nested too deeply"), raw
+        except ValueError as exc:
+            yield number, RecordError(f"malformed JSON: {exc}"), raw
+
+
+def _parquet_records(path: Path) -> Iterator[tuple[int, Any, bytes | None]]:
+    try:
+        parquet = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is one reject, not a crash
+        yield 0, RecordError(f"unreadable Parquet file: {exc}"), None
+        return
+    number = 0
+    for batch in parquet.iter_batches(batch_size=4096):
+        for record in batch.to_pylist():
+            number += 1
+            yield number, record, None
+
+
+def read_file(
+    path: Path, *, run_id: str, limits: LimitsConfig, created_at: datetime
+) -> tuple[pa.Table, pa.Table, ReadStats]:
+    """Read one input file into (raw episodes, rejects, stats)."""
+    stats = ReadStats(files=[str(path)])
+    episodes: list[dict] = []
+    rejects: list[dict] = []
+    is_parquet = path.suffix.lower() in PARQUET_SUFFIXES
+    records = _parquet_records(path) if is_parquet else _jsonl_records(path, limits)
+    for number, record, raw in records:
+        stats.episodes_in += 1
+        try:
+            if isinstance(record, RecordError):
+                raise record
+            row, missing_zone = to_episode(record, limits)
+        except RecordError as exc:
+            stats.rejected += 1
+            rejects.append(
+                reject_row(
+                    run_id=run_id, stage="read", file=str(path), line=number, reason=str(exc),
+                    payload=_payload(record, raw, limits.reject_payload_chars),
+                    group_id=_group_of(record), created_at=created_at,
+                )
+            )
+            continue
+        stats.episodes_ok += 1
+        stats.missing_timezone += missing_zone
+        row.update(file=str(path), line=number, created_at=created_at, run_id=run_id)
+        episodes.append(row)
+    return (
+        schema.from_rows(episodes, schema.RAW_EPISODES),
+        schema.from_rows(rejects, schema.REJECTS),
+        stats,
+    )
+
+
+def reject_row(
+    *, run_id: str, stage: str, reason: str, payload: str | None, created_at: datetime,
+    file: str | None = None, line: int | None = None, group_id: str | None = None,
+    episode_id: str | None = None,
+) -> dict:
+    return {
+        "run_id": run_id, "stage": stage, "group_id": group_id, "file": file, "line": line,
+        "episode_id": episode_id, "reason": reason, "payload": payload, "created_at": created_at,
+    }
+
+
+def _group_of(record: Any) -> str | None:
+    if isinstance(record, dict):
+        group = record.get("group_id")
+        if isinstance(group, str) and GROUP_ID_PATTERN.match(group):
+            return group
+    return None
+
+
+def _payload(record: Any, raw: bytes | None, limit: int) -> str | None:
+    if raw is not None:
+        text = raw.decode("utf-8", errors="backslashreplace").rstrip("\n")
+    elif isinstance(record, dict):
+        text = json.dumps(record, ensure_ascii=False, default=str)
+    else:
+        return None
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def window_conversation(rows: pa.Table, context_messages: int, *, run_id: str,
+                        created_at: datetime, payload_chars: int) -> tuple[pa.Table, list[dict]]:
+    """One window key's rows (a conversation, or one non-message episode id) -> deduplicated
+    episodes with the previous `context_messages` messages as `context`, plus rejects.
+
+    A record whose id was already seen with identical content is a re-delivery: dropped, as
+    re-ingesting is a no-op. The same id with different content is a conflict: the first
+    occurrence (by file and line) is kept and the other goes to rejects.
+    """
+    records = sorted(rows.to_pylist(), key=lambda r: (r["episode_id"], r["file"], r["line"]))
+    kept: dict[str, dict] = {}
+    rejects: list[dict] = []
+    for record in records:
+        first = kept.get(record["episode_id"])
+        if first is None:
+            kept[record["episode_id"]] = record
+        elif first["content_hash"] != record["content_hash"]:
+            rejects.append(reject_row(
+                run_id=run_id, stage="window", file=record["file"], line=record["line"],
+                group_id=record["group_id"], episode_id=record["episode_id"],
+                reason=(f"duplicate id {record['source_id']!r} with different content; "
+                        f"kept {first['file']}:{first['line']}"),
+                payload=(record["content"] or "")[:payload_chars], created_at=created_at,
+            ))
+    ordered = sorted(kept.values(), key=lambda r: (r["valid_at"], r["source_id"]))
+    history: list[str] = []
+    for record in ordered:
+        if record["kind"] == "message" and context_messages:
+            record["context"] = history[-context_messages:]
+            history.append(f"{record['speaker']}: {record['content']}")
+        else:
+            record["context"] = []
+    return schema.from_rows(ordered, schema.WINDOWED_EPISODES), rejects
+
+
+def window_key(group_id: str, kind: str, conversation_id: str | None, episode_id: str) -> str:
+    """Messages are windowed per conversation; other episodes only deduplicated by id."""
+    if kind == "message":
+        return f"{group_id}\x1fc\x1f{conversation_id}"
+    return f"{group_id}\x1fe\x1f{episode_id}"

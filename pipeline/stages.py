@@ -1,0 +1,267 @@
+"""The build as named steps in a registry: each a function from Ray datasets to Ray datasets.
+
+The runner (`pipeline.build`) materializes every output under `STORE/work/<run_id>/<stage>/`,
+so a stage sees only finished tables and a rerun can resume after the last finished stage.
+Keys of heavy work (conversations, entity names, edges) are shuffled with group_id in the
+key, so memory per worker is bounded by the largest block, never by the dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import ray
+import ray.data
+from ray.data import ActorPoolStrategy, Dataset
+
+from pipeline import facts, resolve, schema, sources
+from pipeline.config import TkgConfig
+from pipeline.embed import EmbedColumn
+from pipeline.extract import EpisodeInput, build_extractor
+
+
+@dataclass
+class RunContext:
+    config: TkgConfig
+    run_id: str
+    created_at: datetime
+    files: list[Path]
+    work_dir: Path
+    dim: int
+    cpus: int
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def count(self, name: str, value: int) -> None:
+        self.counters[name] = self.counters.get(name, 0) + int(value)
+
+
+StageFn = Callable[[RunContext, dict[str, Dataset]], dict[str, Dataset]]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    run: StageFn
+    model: bool = False  # a model stage (extraction, embedding): reported apart in benchmarks
+
+
+# --- read + validate ------------------------------------------------------------------------
+
+
+@ray.remote
+def _read_file(path: Path, run_id: str, config: TkgConfig, created_at: datetime):  # noqa: ANN202
+    return sources.read_file(path, run_id=run_id, limits=config.limits, created_at=created_at)
+
+
+def read_stage(ctx: RunContext, _: dict[str, Dataset]) -> dict[str, Dataset]:
+    """One Ray task per input file; bad records become rejects with file and line."""
+    futures = [_read_file.remote(p, ctx.run_id, ctx.config, ctx.created_at) for p in ctx.files]
+    episodes, rejects = [], []
+    for ep_table, rej_table, stats in ray.get(futures):
+        episodes.append(ep_table)
+        rejects.append(rej_table)
+        for key in ("episodes_in", "episodes_ok", "rejected", "missing_timezone"):
+            ctx.count(key, getattr(stats, key))
+    return {
+        "raw_episodes": ray.data.from_arrow(episodes),
+        "read_rejects": ray.data.from_arrow(rejects),
+    }
+
+
+# --- window -------------------------------------------------------------------------------
+
+
+def _with_window_key(batch: pa.Table) -> pa.Table:
+    keys = [sources.window_key(g, k, c, e) for g, k, c, e in zip(
+        batch["group_id"].to_pylist(), batch["kind"].to_pylist(),
+        batch["conversation_id"].to_pylist(), batch["episode_id"].to_pylist(), strict=True)]
+    return batch.append_column("window_key", pa.array(keys, pa.string()))
+
+
+WINDOW_OUT = schema.WINDOWED_EPISODES.append(pa.field("reject", pa.string()))
+
+
+def _window_group(rows: pa.Table, ctx_args: dict) -> pa.Table:
+    episodes, rejects = sources.window_conversation(rows.drop_columns(["window_key"]), **ctx_args)
+    out = schema.conform(episodes, WINDOW_OUT)
+    if rejects:
+        import json
+
+        marked = [{"reject": json.dumps(r, default=str)} for r in rejects]
+        out = pa.concat_tables([out, pa.Table.from_pylist(marked, schema=WINDOW_OUT)])
+    return out
+
+
+def window_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Deduplicate by episode id and attach the previous n messages of each conversation."""
+    args = {
+        "context_messages": ctx.config.extract.context_messages, "run_id": ctx.run_id,
+        "created_at": ctx.created_at, "payload_chars": ctx.config.limits.reject_payload_chars,
+    }
+    grouped = (
+        inputs["raw_episodes"]
+        .map_batches(_with_window_key, batch_format="pyarrow")
+        .groupby("window_key")
+        .map_groups(_window_group, batch_format="pyarrow", fn_args=(args,))
+        .materialize()
+    )
+    episodes = grouped.filter(lambda r: r["reject"] is None).map_batches(
+        lambda b: b.drop_columns(["reject"]), batch_format="pyarrow")
+    rejects = grouped.filter(lambda r: r["reject"] is not None).map_batches(
+        _decode_rejects, batch_format="pyarrow")
+    return {"episodes": episodes, "window_rejects": rejects}
+
+
+def _decode_rejects(batch: pa.Table) -> pa.Table:
+    import json
+    from datetime import datetime as dt
+
+    rows = [json.loads(r) for r in batch["reject"].to_pylist()]
+    for row in rows:
+        row["created_at"] = dt.fromisoformat(row["created_at"])
+    return schema.from_rows(rows, schema.REJECTS)
+
+
+# --- extract ------------------------------------------------------------------------------
+
+
+class ExtractBatch:
+    """Ray Data UDF: one extractor per actor, Arrow batches in and out."""
+
+    def __init__(self, config: TkgConfig) -> None:
+        self.extractor = build_extractor(config)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        episodes = [
+            EpisodeInput(
+                episode_id=r["episode_id"], group_id=r["group_id"], kind=r["kind"],
+                content=r["content"] or "", valid_at=r["valid_at"], source_id=r["source_id"],
+                speaker=r["speaker"], title=r["title"], source=r["source"],
+                context=tuple(r["context"] or ()),
+            )
+            for r in batch.select(["episode_id", "group_id", "kind", "content", "valid_at",
+                                   "source_id", "speaker", "title", "source", "context"]
+                                  ).to_pylist()
+        ]
+        rows = []
+        for episode, result in zip(episodes, self.extractor.extract(episodes), strict=True):
+            rows.append({
+                "episode_id": episode.episode_id, "group_id": episode.group_id,
+                "valid_at": episode.valid_at,
+                "entities": [vars(e) for e in result.entities],
+                "facts": [vars(f) for f in result.facts],
+                "error": result.error, "raw_output": result.raw_output,
+            })
+        return schema.from_rows(rows, schema.EXTRACTIONS)
+
+
+def _extraction_rejects(run_id: str, created_at: datetime) -> Callable[[pa.Table], pa.Table]:
+    def to_rejects(batch: pa.Table) -> pa.Table:
+        failed = batch.filter(pc.is_valid(batch["error"]))
+        rows = [
+            sources.reject_row(run_id=run_id, stage="extract", group_id=r["group_id"],
+                               episode_id=r["episode_id"], reason=r["error"],
+                               payload=r["raw_output"], created_at=created_at)
+            for r in failed.select(["group_id", "episode_id", "error", "raw_output"]).to_pylist()
+        ]
+        return schema.from_rows(rows, schema.REJECTS)
+
+    return to_rejects
+
+
+def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Entities and facts per episode; a failed episode stays, with no extraction, in rejects."""
+    actors = ctx.config.extract.actors or ctx.cpus
+    extractions = inputs["episodes"].map_batches(
+        ExtractBatch, fn_constructor_args=(ctx.config,), batch_format="pyarrow",
+        batch_size=ctx.config.extract.batch_size, compute=ActorPoolStrategy(size=actors),
+        num_cpus=1,
+    ).materialize()
+    rejects = extractions.map_batches(_extraction_rejects(ctx.run_id, ctx.created_at),
+                                      batch_format="pyarrow")
+    return {"extractions": extractions, "extract_rejects": rejects}
+
+
+# --- resolve entities ---------------------------------------------------------------------
+
+
+def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Exact normalized-name resolution per group, shuffled by (group_id, name)."""
+    mentions = inputs["extractions"].map_batches(resolve.mention_rows, batch_format="pyarrow")
+    entities = (
+        mentions.groupby(["group_id", "normalized"])
+        .map_groups(resolve.resolve_group, batch_format="pyarrow", fn_args=(ctx.created_at,))
+        .materialize()
+    )
+    return {
+        "resolved_entities": entities,
+        "entity_aliases": entities.map_batches(resolve.alias_rows, batch_format="pyarrow"),
+        "mentions": mentions.map_batches(resolve.episode_mentions, batch_format="pyarrow"),
+    }
+
+
+# --- facts --------------------------------------------------------------------------------
+
+
+def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """One edge per (pair, relation, fact text), shuffled by edge id, provenance merged."""
+    edges = (
+        inputs["extractions"].map_batches(facts.fact_rows, batch_format="pyarrow")
+        .groupby("edge_id")
+        .map_groups(facts.merge_edge, batch_format="pyarrow", fn_args=(ctx.created_at,))
+    )
+    return {"merged_facts": edges}
+
+
+# --- embed --------------------------------------------------------------------------------
+
+
+def _episode_text(batch: pa.Table) -> pa.Table:
+    texts = []
+    for kind, speaker, title, source, content in zip(
+        *(batch[c].to_pylist() for c in ("kind", "speaker", "title", "source", "content")),
+        strict=True,
+    ):
+        prefix = {"message": speaker, "text": title, "json": source}.get(kind)
+        texts.append(f"{prefix}: {content}" if prefix else content)
+    return batch.append_column("embed_text", pa.array(texts, pa.string()))
+
+
+def embed_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Vectors for episode contents, entity names and fact texts (one model per actor)."""
+    actors = ctx.config.embed.actors or ctx.cpus
+
+    def embedded(ds: Dataset, text: str, vector: str) -> Dataset:
+        return ds.map_batches(
+            EmbedColumn, fn_constructor_args=(ctx.config, text, vector), batch_format="pyarrow",
+            batch_size=1024, compute=ActorPoolStrategy(size=actors), num_cpus=1,
+        )
+
+    episodes = embedded(inputs["episodes"].map_batches(_episode_text, batch_format="pyarrow"),
+                        "embed_text", "content_embedding")
+    return {
+        "episodes_embedded": episodes,
+        "entities": embedded(inputs["resolved_entities"], "name", "name_embedding"),
+        "facts": embedded(inputs["merged_facts"], "fact", "fact_embedding"),
+    }
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("read", (), ("raw_episodes", "read_rejects"), read_stage),
+    Stage("window", ("raw_episodes",), ("episodes", "window_rejects"), window_stage),
+    Stage("extract", ("episodes",), ("extractions", "extract_rejects"), extract_stage,
+          model=True),
+    Stage("resolve", ("extractions",), ("resolved_entities", "entity_aliases", "mentions"),
+          resolve_stage),
+    Stage("facts", ("extractions",), ("merged_facts",), facts_stage),
+    Stage("embed", ("episodes", "resolved_entities", "merged_facts"),
+          ("episodes_embedded", "entities", "facts"), embed_stage, model=True),
+)
+REGISTRY: dict[str, Stage] = {stage.name: stage for stage in STAGES}
