@@ -75,19 +75,19 @@ def _read_output(path: Path) -> Dataset:
     return ray.data.read_parquet(files).materialize()
 
 
-def _materialize(name: str, dataset: Dataset, target: Path) -> int:
-    """Write a stage output as Parquet (one file at least, so its schema survives)."""
+def _materialize(dataset: Dataset, target: Path, table_schema: pa.Schema) -> int:
+    """Write a stage output as Parquet in its declared schema (at least one file)."""
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
     rows = 0
     for index, ref in enumerate(dataset.to_arrow_refs()):
-        table = ray.get(ref)
+        table = schema.conform(ray.get(ref), table_schema)
         if table.num_rows or index == 0:
             pa.parquet.write_table(table, target / f"part-{index:05d}.parquet")
             rows += table.num_rows
     if not any(target.iterdir()):
-        log.warning("stage output %s produced no blocks", name)
+        pa.parquet.write_table(table_schema.empty_table(), target / store.EMPTY_PART)
     return rows
 
 
@@ -114,7 +114,8 @@ def run_stages(ctx: RunContext) -> dict[str, float]:
         results = stage.run(ctx, inputs)
         rows = {}
         for name in stage.outputs:
-            rows[name] = _materialize(name, results[name], stage_dir / name)
+            rows[name] = _materialize(results[name], stage_dir / name,
+                                      schema.WORK_TABLES[name](ctx.dim))
             outputs[name] = stage_dir / name
         seconds[stage.name] = round(time.perf_counter() - started, 3)
         counters = {k: v - before.get(k, 0) for k, v in ctx.counters.items()}

@@ -7,17 +7,9 @@ from __future__ import annotations
 from datetime import datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline import schema
 from pipeline.resolve import entity_id, normalize_name
-
-FACT_ROWS = pa.schema([
-    ("edge_id", pa.string()), ("group_id", pa.string()), ("episode_id", pa.string()),
-    ("source_entity_id", pa.string()), ("target_entity_id", pa.string()),
-    ("relation", pa.string()), ("fact", pa.string()), ("valid_at", schema.TS),
-    ("invalid_at", schema.TS),
-])
 
 
 def fact_rows(extractions: pa.Table) -> pa.Table:
@@ -41,27 +33,35 @@ def fact_rows(extractions: pa.Table) -> pa.Table:
                 "valid_at": fact["valid_at"] or (None if fact["invalid_at"] else t_ref),
                 "invalid_at": fact["invalid_at"],
             })
-    return pa.Table.from_pylist(rows, schema=FACT_ROWS)
+    return pa.Table.from_pylist(rows, schema=schema.FACT_ROWS)
 
 
-def merge_edge(rows: pa.Table, created_at: datetime) -> pa.Table:
-    """All occurrences of one edge -> its first version, provenance merged."""
-    first = rows.slice(0, 1).to_pylist()[0]
-    valid = pc.min(rows["valid_at"]).as_py()
-    invalid = pc.min(rows["invalid_at"]).as_py()
-    edge = {
+def merge_facts(rows: pa.Table, created_at: datetime) -> pa.Table:
+    """Fact rows (any number of edges) -> the first version of each edge."""
+    by_edge: dict[str, list[dict]] = {}
+    for row in rows.to_pylist():
+        by_edge.setdefault(row["edge_id"], []).append(row)
+    return pa.Table.from_pylist(
+        [merge_edge(occurrences, created_at) for _, occurrences in sorted(by_edge.items())],
+        schema=schema.MERGED_FACTS,
+    )
+
+
+def merge_edge(occurrences: list[dict], created_at: datetime) -> dict:
+    """All occurrences of one edge -> its first version, provenance merged. An edge is valid
+    from its earliest occurrence; an end date stated anywhere ends it."""
+    first = occurrences[0]
+    valid = [o["valid_at"] for o in occurrences if o["valid_at"] is not None]
+    invalid = [o["invalid_at"] for o in occurrences if o["invalid_at"] is not None]
+    return {
         **{k: first[k] for k in ("edge_id", "group_id", "source_entity_id", "target_entity_id",
                                  "relation")},
         "version": 1,
-        "fact": min(rows["fact"].to_pylist(), key=lambda f: (-len(f), f)),
-        "episode_ids": sorted(set(rows["episode_id"].to_pylist())),
-        "valid_at": valid,
-        "invalid_at": invalid,
+        "fact": min((o["fact"] for o in occurrences), key=lambda f: (-len(f), f)),
+        "episode_ids": sorted({o["episode_id"] for o in occurrences}),
+        "valid_at": min(valid) if valid else None,
+        "invalid_at": min(invalid) if invalid else None,
         "created_at": created_at,
         "expired_at": None,
         "invalidated_by": None,
     }
-    return pa.Table.from_pylist([edge], schema=MERGED_FACTS)
-
-
-MERGED_FACTS = pa.schema([f for f in schema.facts(1) if f.name != "fact_embedding"])

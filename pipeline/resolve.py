@@ -63,10 +63,20 @@ def canonical_name(names: Counter[str]) -> str:
     return min(names, key=lambda n: (-names[n], -len(n), n))
 
 
-def resolve_group(mentions: pa.Table, created_at: datetime) -> pa.Table:
-    """All mentions of one (group, normalized name) -> one entity row with its aliases."""
-    rows = mentions.to_pylist()
-    rows.sort(key=lambda r: (r["valid_at"], r["episode_id"]))
+def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:
+    """Mentions (any number of (group, normalized name) keys) -> one entity row per key."""
+    by_key: dict[tuple[str, str], list[dict]] = {}
+    for row in mentions.to_pylist():
+        by_key.setdefault((row["group_id"], row["normalized"]), []).append(row)
+    return pa.Table.from_pylist(
+        [resolve_group(rows, created_at) for _, rows in sorted(by_key.items())],
+        schema=schema.RESOLVED_ENTITIES,
+    )
+
+
+def resolve_group(rows: list[dict], created_at: datetime) -> dict:
+    """All mentions of one (group, normalized name) -> the entity, with its aliases."""
+    rows = sorted(rows, key=lambda r: (r["valid_at"], r["episode_id"]))
     names = Counter(r["name"] for r in rows)
     labels = sorted({r["label"] for r in rows if r["label"]} - GENERIC_LABELS) or sorted(
         {r["label"] for r in rows if r["label"]}
@@ -76,7 +86,7 @@ def resolve_group(mentions: pa.Table, created_at: datetime) -> pa.Table:
         if row["attributes"]:
             attributes.update(json.loads(row["attributes"]))
     group_id, normalized = rows[0]["group_id"], rows[0]["normalized"]
-    entity = {
+    return {
         "entity_id": schema.stable_id(group_id, "entity", normalized),
         "group_id": group_id,
         "name": canonical_name(names),
@@ -90,13 +100,6 @@ def resolve_group(mentions: pa.Table, created_at: datetime) -> pa.Table:
         "mention_count": len({r["episode_id"] for r in rows}),
         "aliases": sorted(names),
     }
-    return pa.Table.from_pylist([entity], schema=RESOLVED_ENTITIES)
-
-
-RESOLVED_ENTITIES = pa.schema(
-    [f for f in schema.entities(1) if f.name != "name_embedding"]
-    + [pa.field("normalized", pa.string()), pa.field("aliases", pa.list_(pa.string()))]
-)
 
 
 def alias_rows(entities: pa.Table) -> pa.Table:

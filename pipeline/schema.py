@@ -207,6 +207,17 @@ RAW_EPISODES = pa.schema(
 )
 WINDOWED_EPISODES = RAW_EPISODES.append(pa.field("context", pa.list_(pa.string())))
 
+RESOLVED_ENTITIES = pa.schema(
+    [f for f in entities(1) if f.name != "name_embedding"]
+    + [pa.field("normalized", pa.string()), pa.field("aliases", pa.list_(pa.string()))]
+)
+FACT_ROWS = pa.schema([
+    ("edge_id", pa.string()), ("group_id", pa.string()), ("episode_id", pa.string()),
+    ("source_entity_id", pa.string()), ("target_entity_id", pa.string()),
+    ("relation", pa.string()), ("fact", pa.string()), ("valid_at", TS), ("invalid_at", TS),
+])
+MERGED_FACTS = pa.schema([f for f in facts(1) if f.name != "fact_embedding"])
+
 PUBLISHED: dict[str, Callable[[int], pa.Schema]] = {
     "episodes": episodes,
     "entities": entities,
@@ -217,6 +228,24 @@ PUBLISHED: dict[str, Callable[[int], pa.Schema]] = {
     "community_members": lambda _dim: COMMUNITY_MEMBERS,
     "rejects": lambda _dim: REJECTS,
     "runs": lambda _dim: RUNS,
+}
+
+
+# Stage outputs under STORE/work/<run_id>/, by name (see pipeline.stages).
+WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
+    "raw_episodes": lambda _dim: RAW_EPISODES,
+    "read_rejects": lambda _dim: REJECTS,
+    "episodes": lambda _dim: WINDOWED_EPISODES,
+    "window_rejects": lambda _dim: REJECTS,
+    "extractions": lambda _dim: EXTRACTIONS,
+    "extract_rejects": lambda _dim: REJECTS,
+    "resolved_entities": lambda _dim: RESOLVED_ENTITIES,
+    "entity_aliases": lambda _dim: ENTITY_ALIASES,
+    "mentions": lambda _dim: MENTIONS,
+    "merged_facts": lambda _dim: MERGED_FACTS,
+    "episodes_embedded": episodes,
+    "entities": entities,
+    "facts": facts,
 }
 
 

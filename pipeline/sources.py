@@ -225,7 +225,7 @@ def _jsonl_records(path: Path, limits: LimitsConfig) -> Iterator[tuple[int, Any,
 def _parquet_records(path: Path) -> Iterator[tuple[int, Any, bytes | None]]:
     try:
         parquet = pq.ParquetFile(path)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is one reject, not a crash
+    except Exception as exc:
         yield 0, RecordError(f"unreadable Parquet file: {exc}"), None
         return
     number = 0
@@ -300,8 +300,25 @@ def _payload(record: Any, raw: bytes | None, limit: int) -> str | None:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def window_conversation(rows: pa.Table, context_messages: int, *, run_id: str,
-                        created_at: datetime, payload_chars: int) -> tuple[pa.Table, list[dict]]:
+def window_episodes(rows: pa.Table, context_messages: int, *, run_id: str,
+                    created_at: datetime, payload_chars: int) -> tuple[pa.Table, list[dict]]:
+    """Raw episodes of any number of window keys -> windowed episodes and rejects."""
+    by_key: dict[str, list[dict]] = {}
+    for row in rows.to_pylist():
+        key = window_key(row["group_id"], row["kind"], row["conversation_id"], row["episode_id"])
+        by_key.setdefault(key, []).append(row)
+    episodes: list[dict] = []
+    rejects: list[dict] = []
+    for _, records in sorted(by_key.items()):
+        kept, rejected = window_conversation(records, context_messages, run_id=run_id,
+                                             created_at=created_at, payload_chars=payload_chars)
+        episodes += kept
+        rejects += rejected
+    return schema.from_rows(episodes, schema.WINDOWED_EPISODES), rejects
+
+
+def window_conversation(records: list[dict], context_messages: int, *, run_id: str,
+                        created_at: datetime, payload_chars: int) -> tuple[list[dict], list[dict]]:
     """One window key's rows (a conversation, or one non-message episode id) -> deduplicated
     episodes with the previous `context_messages` messages as `context`, plus rejects.
 
@@ -309,7 +326,7 @@ def window_conversation(rows: pa.Table, context_messages: int, *, run_id: str,
     re-ingesting is a no-op. The same id with different content is a conflict: the first
     occurrence (by file and line) is kept and the other goes to rejects.
     """
-    records = sorted(rows.to_pylist(), key=lambda r: (r["episode_id"], r["file"], r["line"]))
+    records = sorted(records, key=lambda r: (r["episode_id"], r["file"], r["line"]))
     kept: dict[str, dict] = {}
     rejects: list[dict] = []
     for record in records:
@@ -332,7 +349,7 @@ def window_conversation(rows: pa.Table, context_messages: int, *, run_id: str,
             history.append(f"{record['speaker']}: {record['content']}")
         else:
             record["context"] = []
-    return schema.from_rows(ordered, schema.WINDOWED_EPISODES), rejects
+    return ordered, rejects
 
 
 def window_key(group_id: str, kind: str, conversation_id: str | None, episode_id: str) -> str:

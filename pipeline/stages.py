@@ -8,6 +8,7 @@ key, so memory per worker is bounded by the largest block, never by the dataset.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -23,6 +24,7 @@ from pipeline import facts, resolve, schema, sources
 from pipeline.config import TkgConfig
 from pipeline.embed import EmbedColumn
 from pipeline.extract import EpisodeInput, build_extractor
+from pipeline.extract.records import record_text
 
 
 @dataclass
@@ -56,7 +58,7 @@ class Stage:
 
 
 @ray.remote
-def _read_file(path: Path, run_id: str, config: TkgConfig, created_at: datetime):  # noqa: ANN202
+def _read_file(path: Path, run_id: str, config: TkgConfig, created_at: datetime):
     return sources.read_file(path, run_id=run_id, limits=config.limits, created_at=created_at)
 
 
@@ -88,12 +90,26 @@ def _with_window_key(batch: pa.Table) -> pa.Table:
 WINDOW_OUT = schema.WINDOWED_EPISODES.append(pa.field("reject", pa.string()))
 
 
-def _window_group(rows: pa.Table, ctx_args: dict) -> pa.Table:
-    episodes, rejects = sources.window_conversation(rows.drop_columns(["window_key"]), **ctx_args)
+def shuffled(ds: Dataset, keys: list[str], fn: Callable[..., pa.Table], ctx: RunContext,
+             *fn_args: object) -> Dataset:
+    """Hash-shuffle by `keys` (every key's rows land in one block, bounded by the largest
+    key, not the dataset), then run `fn` once per block. This is what Ray's map_groups does,
+    without a Python call and a table per group."""
+    partitions = ctx.config.ray.shuffle_partitions or 2 * ctx.cpus
+    return ds.repartition(partitions, keys=keys).map_batches(
+        fn, batch_size=None, batch_format="pyarrow", fn_args=fn_args)
+
+
+def spread(ds: Dataset, rows_per_block: int) -> Dataset:
+    """Split big blocks before an actor pool: one block feeds one actor at a time, so a
+    stage whose input is a single block would leave every other actor idle."""
+    return ds.repartition(target_num_rows_per_block=rows_per_block)
+
+
+def _window_block(rows: pa.Table, args: dict) -> pa.Table:
+    episodes, rejects = sources.window_episodes(rows.drop_columns(["window_key"]), **args)
     out = schema.conform(episodes, WINDOW_OUT)
     if rejects:
-        import json
-
         marked = [{"reject": json.dumps(r, default=str)} for r in rejects]
         out = pa.concat_tables([out, pa.Table.from_pylist(marked, schema=WINDOW_OUT)])
     return out
@@ -105,13 +121,8 @@ def window_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
         "context_messages": ctx.config.extract.context_messages, "run_id": ctx.run_id,
         "created_at": ctx.created_at, "payload_chars": ctx.config.limits.reject_payload_chars,
     }
-    grouped = (
-        inputs["raw_episodes"]
-        .map_batches(_with_window_key, batch_format="pyarrow")
-        .groupby("window_key")
-        .map_groups(_window_group, batch_format="pyarrow", fn_args=(args,))
-        .materialize()
-    )
+    keyed = inputs["raw_episodes"].map_batches(_with_window_key, batch_format="pyarrow")
+    grouped = shuffled(keyed, ["window_key"], _window_block, ctx, args).materialize()
     episodes = grouped.filter(lambda r: r["reject"] is None).map_batches(
         lambda b: b.drop_columns(["reject"]), batch_format="pyarrow")
     rejects = grouped.filter(lambda r: r["reject"] is not None).map_batches(
@@ -120,12 +131,9 @@ def window_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
 
 
 def _decode_rejects(batch: pa.Table) -> pa.Table:
-    import json
-    from datetime import datetime as dt
-
     rows = [json.loads(r) for r in batch["reject"].to_pylist()]
     for row in rows:
-        row["created_at"] = dt.fromisoformat(row["created_at"])
+        row["created_at"] = datetime.fromisoformat(row["created_at"])
     return schema.from_rows(rows, schema.REJECTS)
 
 
@@ -179,7 +187,7 @@ def _extraction_rejects(run_id: str, created_at: datetime) -> Callable[[pa.Table
 def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Entities and facts per episode; a failed episode stays, with no extraction, in rejects."""
     actors = ctx.config.extract.actors or ctx.cpus
-    extractions = inputs["episodes"].map_batches(
+    extractions = spread(inputs["episodes"], ctx.config.extract.batch_size).map_batches(
         ExtractBatch, fn_constructor_args=(ctx.config,), batch_format="pyarrow",
         batch_size=ctx.config.extract.batch_size, compute=ActorPoolStrategy(size=actors),
         num_cpus=1,
@@ -195,11 +203,8 @@ def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
 def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Exact normalized-name resolution per group, shuffled by (group_id, name)."""
     mentions = inputs["extractions"].map_batches(resolve.mention_rows, batch_format="pyarrow")
-    entities = (
-        mentions.groupby(["group_id", "normalized"])
-        .map_groups(resolve.resolve_group, batch_format="pyarrow", fn_args=(ctx.created_at,))
-        .materialize()
-    )
+    entities = shuffled(mentions, ["group_id", "normalized"], resolve.resolve_entities, ctx,
+                        ctx.created_at).materialize()
     return {
         "resolved_entities": entities,
         "entity_aliases": entities.map_batches(resolve.alias_rows, batch_format="pyarrow"),
@@ -212,11 +217,8 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
 
 def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """One edge per (pair, relation, fact text), shuffled by edge id, provenance merged."""
-    edges = (
-        inputs["extractions"].map_batches(facts.fact_rows, batch_format="pyarrow")
-        .groupby("edge_id")
-        .map_groups(facts.merge_edge, batch_format="pyarrow", fn_args=(ctx.created_at,))
-    )
+    rows = inputs["extractions"].map_batches(facts.fact_rows, batch_format="pyarrow")
+    edges = shuffled(rows, ["edge_id"], facts.merge_facts, ctx, ctx.created_at)
     return {"merged_facts": edges}
 
 
@@ -229,9 +231,14 @@ def _episode_text(batch: pa.Table) -> pa.Table:
         *(batch[c].to_pylist() for c in ("kind", "speaker", "title", "source", "content")),
         strict=True,
     ):
+        if kind == "json":
+            content = record_text(content or "{}")
         prefix = {"message": speaker, "text": title, "json": source}.get(kind)
         texts.append(f"{prefix}: {content}" if prefix else content)
     return batch.append_column("embed_text", pa.array(texts, pa.string()))
+
+
+EMBED_BLOCK_ROWS = 1024
 
 
 def embed_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -239,9 +246,9 @@ def embed_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     actors = ctx.config.embed.actors or ctx.cpus
 
     def embedded(ds: Dataset, text: str, vector: str) -> Dataset:
-        return ds.map_batches(
+        return spread(ds, EMBED_BLOCK_ROWS).map_batches(
             EmbedColumn, fn_constructor_args=(ctx.config, text, vector), batch_format="pyarrow",
-            batch_size=1024, compute=ActorPoolStrategy(size=actors), num_cpus=1,
+            batch_size=EMBED_BLOCK_ROWS, compute=ActorPoolStrategy(size=actors), num_cpus=1,
         )
 
     episodes = embedded(inputs["episodes"].map_batches(_episode_text, batch_format="pyarrow"),

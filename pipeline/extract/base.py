@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import Protocol
 
 
-
 @dataclass(frozen=True)
 class EpisodeInput:
     episode_id: str

@@ -34,7 +34,7 @@ TRIM_WORDS = {"the", "a", "an", "my", "our", "your", "his", "her", "their", "its
               "that", "these", "those", "some", "any", "all", "every", "no"}
 
 
-def load_spacy(model: str):  # noqa: ANN201 - spaCy's Language
+def load_spacy(model: str):
     """Load a spaCy pipeline from an installed package (offline), keeping what we use."""
     import importlib
 
@@ -74,11 +74,11 @@ class SpacyExtractor:
         return [r if r is not None else Extraction() for r in results]
 
     @staticmethod
-    def _guard(fn, *args) -> Extraction:  # noqa: ANN001
+    def _guard(fn, *args) -> Extraction:
         """One odd episode never fails the batch: it is kept with no extraction."""
         try:
             return fn(*args)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return Extraction(error=f"extraction failed: {type(exc).__name__}: {exc}")
 
     # --- text and messages ------------------------------------------------------------

@@ -1,0 +1,69 @@
+"""Shared fixtures: one local Ray session for every test that needs Ray, and the sample
+corpus built once per session."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "corpus"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def config():
+    from pipeline.config import load_config
+
+    return load_config(ROOT / "configs" / "local.yaml")
+
+
+@pytest.fixture(scope="session")
+def ray_session(config):
+    """One local Ray for the whole test session (starting Ray costs seconds)."""
+    import ray
+
+    from pipeline.build import init_ray
+
+    init_ray(config.model_copy(update={"ray": config.ray.model_copy(
+        update={"num_cpus": 2, "progress_bars": False})}))
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def expected() -> dict:
+    return json.loads((CORPUS / "expected.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def corpus_build(ray_session, config, tmp_path_factory):
+    """The sample corpus built into a fresh store."""
+    from pipeline.build import build
+
+    store = tmp_path_factory.mktemp("corpus-store")
+    return build(config, [str(CORPUS)], store, run_id="corpus-1")
+
+
+@pytest.fixture(scope="session")
+def corpus_db(corpus_build):
+    import duckdb
+
+    from pipeline.store import CATALOG
+
+    with duckdb.connect(str(corpus_build.snapshot / CATALOG), read_only=True) as con:
+        yield con
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data is absent")
+    return SHARED_DATA

@@ -1,0 +1,87 @@
+from collections import Counter
+from datetime import UTC, datetime
+
+from pipeline import schema
+from pipeline.facts import fact_rows, merge_facts
+from pipeline.resolve import (
+    alias_rows,
+    canonical_name,
+    entity_id,
+    episode_mentions,
+    mention_rows,
+    normalize_name,
+    resolve_entities,
+)
+
+T1 = datetime(2024, 1, 1, tzinfo=UTC)
+T2 = datetime(2024, 6, 1, tzinfo=UTC)
+
+
+def extraction(episode_id, group_id, valid_at, entities, facts=()):
+    return {"episode_id": episode_id, "group_id": group_id, "valid_at": valid_at,
+            "entities": [{"name": n, "label": lab, "attributes": None} for n, lab in entities],
+            "facts": [dict(zip(("source", "target", "relation", "fact"), f, strict=True),
+                           valid_at=None, invalid_at=None, date_text=None) for f in facts],
+            "error": None, "raw_output": None}
+
+
+def test_normalize_name():
+    assert normalize_name("  The  Globex ") == "globex"
+    assert normalize_name("GLOBEX") == normalize_name("globex")
+    assert normalize_name("Initech Inc.") == "initech inc"
+    assert normalize_name("São José") == "são josé"
+    assert normalize_name("A.B. Corp") != ""
+
+
+def test_entity_ids_are_per_group():
+    assert entity_id("a", "Alice") == entity_id("a", "alice")
+    assert entity_id("a", "Alice") != entity_id("b", "Alice")
+
+
+def test_canonical_name_is_deterministic():
+    assert canonical_name(Counter({"globex": 1, "Globex": 3})) == "Globex"
+    assert canonical_name(Counter({"Bo": 2, "Bob": 2})) == "Bob"
+    assert canonical_name(Counter({"Abc": 1, "Abd": 1})) == "Abc"
+
+
+def test_exact_resolution_merges_surface_forms_within_a_group():
+    table = schema.from_rows([
+        extraction("e1", "g", T1, [("Maria Lopez", "Person"), ("Globex", "Product")]),
+        extraction("e2", "g", T2, [("maria lopez", "Person"), ("Globex", "Organization")]),
+        extraction("e3", "h", T2, [("Maria Lopez", "Person")]),
+    ], schema.EXTRACTIONS)
+    mentions = mention_rows(table)
+    resolved = resolve_entities(mentions, T2)
+    entities = {(r["group_id"], r["normalized"]): r for r in resolved.to_pylist()}
+    assert len(entities) == 3
+    maria = entities[("g", "maria lopez")]
+    assert maria["mention_count"] == 2
+    assert maria["first_seen"] == T1 and maria["last_seen"] == T2
+    assert maria["aliases"] == ["Maria Lopez", "maria lopez"]
+    assert entities[("g", "globex")]["labels"] == ["Organization", "Product"]
+    assert entities[("h", "maria lopez")]["entity_id"] != maria["entity_id"]
+    aliases = alias_rows(resolved)
+    assert set(aliases["evidence"].to_pylist()) == {"exact"}
+    edges = episode_mentions(mentions)
+    assert edges.num_rows == 5
+
+
+def test_same_fact_twice_is_one_edge_with_both_episodes():
+    table = schema.from_rows([
+        extraction("e1", "g", T1, [("Ana", "Person"), ("Porto", "Location")],
+                   [("Ana", "Porto", "LIVE_IN", "Ana lives in Porto.")]),
+        extraction("e2", "g", T2, [("Ana", "Person"), ("Porto", "Location")],
+                   [("ana", "Porto", "LIVE_IN", "Ana lives in Porto")]),
+        extraction("e3", "g", T2, [("Ana", "Person"), ("Porto", "Location")],
+                   [("Ana", "Porto", "WORK_IN", "Ana works in Porto.")]),
+    ], schema.EXTRACTIONS)
+    rows = fact_rows(table)
+    assert rows.num_rows == 3
+    assert len(set(rows["edge_id"].to_pylist())) == 2
+    edges = {e["relation"]: e for e in merge_facts(rows, T2).to_pylist()}
+    assert len(edges) == 2
+    edge = edges["LIVE_IN"]
+    assert edge["episode_ids"] == ["e1", "e2"]
+    assert edge["valid_at"] == T1  # no date in the text: the earliest episode's time
+    assert edge["version"] == 1 and edge["expired_at"] is None
+    assert edge["source_entity_id"] == entity_id("g", "Ana")
