@@ -102,8 +102,9 @@ def shuffled(ds: Dataset, keys: list[str], fn: Callable[..., pa.Table], ctx: Run
 
 def spread(ds: Dataset, rows_per_block: int) -> Dataset:
     """Split big blocks before an actor pool: one block feeds one actor at a time, so a
-    stage whose input is a single block would leave every other actor idle."""
-    return ds.repartition(target_num_rows_per_block=rows_per_block)
+    stage whose input is a single block would leave every other actor idle. Materialized
+    first, because an actor pool holding every CPU starves the tasks that would split."""
+    return ds.repartition(target_num_rows_per_block=rows_per_block).materialize()
 
 
 def _window_block(rows: pa.Table, args: dict) -> pa.Table:
