@@ -16,7 +16,8 @@ CHINOOK_DATES = ("invoicedate", "hiredate")
 
 def dmr_to_episodes(path: Path, group_id: str = "dmr") -> list[dict]:
     """One DMR row -> its sessions as conversations (previous dialogs, then the last one),
-    one day apart, messages a minute apart, in order."""
+    one day apart, messages a minute apart, in order. Earlier sessions carry no speaker ids:
+    turns alternate between "Speaker 1" and "Speaker 2" as in the last session."""
     records = []
     start = datetime(2023, 1, 1, tzinfo=UTC)
     for row_number, line in enumerate(path.read_text().splitlines()):
@@ -29,7 +30,8 @@ def dmr_to_episodes(path: Path, group_id: str = "dmr") -> list[dict]:
                 records.append({
                     "group_id": group_id, "id": f"{conversation}-m{turn}", "kind": "message",
                     "timestamp": (moment + timedelta(minutes=turn)).isoformat(),
-                    "conversation_id": conversation, "speaker": message["id"],
+                    "conversation_id": conversation,
+                    "speaker": message.get("id") or f"Speaker {turn % 2 + 1}",
                     "content": message["text"],
                 })
     return records

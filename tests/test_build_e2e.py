@@ -131,7 +131,7 @@ def test_episodes_keep_their_content(corpus_db):
     row = corpus_db.execute(
         "SELECT content, speaker, valid_at FROM episodes "
         "WHERE source_id = 'acme-conv-2024-10-11-m05'").fetchone()
-    assert "Paris" in row[0] and row[1] == "Daniel Okafor"
+    assert "Paris" in row[0] and row[1] == "Sam Patel"
     record = corpus_db.execute(
         "SELECT content FROM episodes WHERE source_id = 'support-ticket-17-v2'").fetchone()[0]
     assert json.loads(record)["status"] == "resolved"
