@@ -63,6 +63,66 @@ class EmbedConfig(_Section):
     threads_per_actor: int = 1
 
 
+class ResolveConfig(_Section):
+    """Entity resolution: which candidate pairs are merged, and on what evidence."""
+
+    legal_suffixes: tuple[str, ...] = (
+        "inc", "incorporated", "corp", "corporation", "co", "company", "ltd", "limited",
+        "llc", "plc", "gmbh", "ag", "sa", "bv", "pty", "srl",
+    )
+    honorifics: tuple[str, ...] = (
+        "mr", "mrs", "ms", "miss", "dr", "prof", "sir", "madam", "grandma", "grandpa",
+        "aunt", "uncle",
+    )
+    shingle_size: int = 3
+    minhash_bands: int = 8
+    minhash_rows: int = 4
+    min_jaccard: float = Field(0.5, description="shingle Jaccard for a spelling variant")
+    min_similarity: float = Field(0.88, description="character similarity for a variant")
+    embedding_merge: float = Field(0.95, description="cosine at which names merge outright")
+    embedding_ambiguous: float = Field(
+        0.85, description="cosine from which a pair goes to the adjudicator (if any)"
+    )
+    simhash_bands: int = 10
+    simhash_bits: int = 12
+    max_block: int = Field(200, description="names compared pairwise under one blocking key")
+    first_names: bool = Field(
+        True, description="a lone first name joins the group's only full name starting with it"
+    )
+
+
+class RelationClass(_Section):
+    """Relations that say the same thing in other words, merged under one name; when
+    `exclusive`, a subject holds one value at a time, so a newer value ends the older one."""
+
+    name: str
+    relation: str
+    synonyms: tuple[str, ...] = ()
+    exclusive: bool = True
+
+
+DEFAULT_RELATION_CLASSES = (
+    RelationClass(name="residence", relation="LIVES_IN", synonyms=(
+        "LIVE_IN", "MOVE_TO", "RELOCATE_TO", "RESIDE_IN", "BE_BASE_IN", "SETTLE_IN",
+        "MOVE_BACK_TO")),
+    RelationClass(name="employment", relation="WORKS_AT", synonyms=(
+        "WORK_AT", "WORK_FOR", "JOIN", "BE_EMPLOY_BY", "BE_EMPLOY_AT", "BE_HIRE_BY",
+        "START_WORK_AT")),
+    RelationClass(name="school", relation="ATTENDS", synonyms=(
+        "ATTEND", "START_SCHOOL_AT", "ENROLL_IN", "ENROLL_AT", "BE_ENROLL_AT",
+        "BE_ENROLL_IN", "GO_TO_SCHOOL_AT", "SCHOOL")),
+    RelationClass(name="status", relation="STATUS", synonyms=("STAGE", "STATE")),
+    RelationClass(name="company", relation="COMPANY", synonyms=("EMPLOYER", "ORGANIZATION")),
+    RelationClass(name="city", relation="CITY"),
+    RelationClass(name="assignee", relation="ASSIGNEE", synonyms=("OWNER",)),
+)
+
+
+class FactsConfig(_Section):
+    relation_classes: tuple[RelationClass, ...] = DEFAULT_RELATION_CLASSES
+    negation_prefix: str = "NOT_"
+
+
 class TemporalConfig(_Section):
     date_order: Literal["MDY", "DMY", "YMD"] = "MDY"
     prefer_dates_from: Literal["past", "future", "current_period"] = "current_period"
@@ -76,6 +136,8 @@ class TkgConfig(_Section):
     extract: ExtractConfig = ExtractConfig()
     embed: EmbedConfig = EmbedConfig()
     temporal: TemporalConfig = TemporalConfig()
+    resolve: ResolveConfig = ResolveConfig()
+    facts: FactsConfig = FactsConfig()
 
     def fingerprint(self) -> str:
         """A short hash of the effective config, recorded with every run."""

@@ -1,5 +1,11 @@
-"""Facts (entity edges). This slice: one edge per (pair, relation, fact text) with merged
-provenance, `valid_at` from the text's dates or else the episode's time, version 1.
+"""Facts (entity edges): one edge per (entity pair, relation) whatever the wording, its
+provenance merged; then invalidation among the facts of one subject, never the whole graph.
+
+Relations in one class (config `facts.relation_classes`) are one relation: `moved to` and
+`lives in` are both LIVES_IN. In an exclusive class a subject holds one value at a time: a
+newer fact with another object ends the older one (`invalid_at` = the newer `valid_at`,
+`invalidated_by` = its edge), and so does a negation (`NOT_WORKS_AT` the same object).
+Facts without a date are never invalidated and never invalidate.
 """
 
 from __future__ import annotations
@@ -9,30 +15,59 @@ from datetime import datetime
 import pyarrow as pa
 
 from pipeline import schema
-from pipeline.resolve import entity_id, normalize_name
+from pipeline.config import FactsConfig, RelationClass
+from pipeline.resolve import normalize_name
 
 
-def fact_rows(extractions: pa.Table) -> pa.Table:
-    """One row per extracted fact, with entity ids and an edge id computed locally."""
+def relation_class(relation: str, config: FactsConfig
+                   ) -> tuple[str, RelationClass | None, bool]:
+    """(canonical relation, its class or None, negated?) of an extracted relation."""
+    prefix = config.negation_prefix
+    negated = relation.startswith(prefix)
+    base = relation[len(prefix):] if negated else relation
+    for cls in config.relation_classes:
+        if base == cls.relation or base in cls.synonyms:
+            return (prefix if negated else "") + cls.relation, cls, negated
+    return relation, None, negated
+
+
+def fact_mentions(extractions: pa.Table) -> pa.Table:
+    """One row per extracted fact, with its endpoints' normalized names (for the alias map)."""
     rows = []
     for group_id, episode_id, t_ref, facts in zip(
         extractions["group_id"].to_pylist(), extractions["episode_id"].to_pylist(),
         extractions["valid_at"].to_pylist(), extractions["facts"].to_pylist(), strict=True,
     ):
         for fact in facts or ():
-            if not fact["source"] or not fact["target"]:
+            source, target = normalize_name(fact["source"] or ""), normalize_name(
+                fact["target"] or "")
+            if not source or not target or source == target:
                 continue
-            source = entity_id(group_id, fact["source"])
-            target = entity_id(group_id, fact["target"])
             rows.append({
-                "edge_id": schema.stable_id(group_id, "fact", source, target, fact["relation"],
-                                            normalize_name(fact["fact"])),
-                "group_id": group_id, "episode_id": episode_id,
-                "source_entity_id": source, "target_entity_id": target,
-                "relation": fact["relation"], "fact": fact["fact"],
-                "valid_at": fact["valid_at"] or (None if fact["invalid_at"] else t_ref),
+                "group_id": group_id, "episode_id": episode_id, "source_normalized": source,
+                "target_normalized": target, "relation": fact["relation"], "fact": fact["fact"],
+                "valid_at": fact["valid_at"] or (
+                    None if fact["invalid_at"] or fact.get("undated") else t_ref),
                 "invalid_at": fact["invalid_at"],
             })
+    return pa.Table.from_pylist(rows, schema=schema.FACT_MENTIONS)
+
+
+def fact_rows(mentions: pa.Table, config: FactsConfig) -> pa.Table:
+    """Fact mentions whose endpoints carry entity ids -> rows with an edge id. Self-loops
+    (both ends resolved to one entity) are dropped."""
+    rows = []
+    for row in mentions.to_pylist():
+        source, target = row["source_entity_id"], row["target_entity_id"]
+        if source == target:
+            continue
+        relation, _, _ = relation_class(row["relation"], config)
+        rows.append({
+            "edge_id": schema.stable_id(row["group_id"], "fact", source, target, relation),
+            "group_id": row["group_id"], "episode_id": row["episode_id"],
+            "source_entity_id": source, "target_entity_id": target, "relation": relation,
+            "fact": row["fact"], "valid_at": row["valid_at"], "invalid_at": row["invalid_at"],
+        })
     return pa.Table.from_pylist(rows, schema=schema.FACT_ROWS)
 
 
@@ -49,7 +84,8 @@ def merge_facts(rows: pa.Table, created_at: datetime) -> pa.Table:
 
 def merge_edge(occurrences: list[dict], created_at: datetime) -> dict:
     """All occurrences of one edge -> its first version, provenance merged. An edge is valid
-    from its earliest occurrence; an end date stated anywhere ends it."""
+    from its earliest dated occurrence; an end date stated anywhere ends it. Its text is
+    the most detailed wording."""
     first = occurrences[0]
     valid = [o["valid_at"] for o in occurrences if o["valid_at"] is not None]
     invalid = [o["invalid_at"] for o in occurrences if o["invalid_at"] is not None]
@@ -65,3 +101,41 @@ def merge_edge(occurrences: list[dict], created_at: datetime) -> dict:
         "expired_at": None,
         "invalidated_by": None,
     }
+
+
+def invalidate(edges: pa.Table, config: FactsConfig) -> pa.Table:
+    """Edges of any number of subjects -> the same edges with invalidations applied."""
+    by_subject: dict[tuple[str, str], list[dict]] = {}
+    for edge in edges.to_pylist():
+        by_subject.setdefault((edge["group_id"], edge["source_entity_id"]), []).append(edge)
+    out = []
+    for _, subject_edges in sorted(by_subject.items()):
+        out += invalidate_subject(subject_edges, config)
+    return pa.Table.from_pylist(out, schema=edges.schema)
+
+
+def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
+    """Apply the exclusive-class rules to one subject's edges (returned in a stable order)."""
+    classes: dict[str, list[dict]] = {}
+    negations: dict[str, list[dict]] = {}
+    for edge in edges:
+        _, cls, negated = relation_class(edge["relation"], config)
+        if cls is None or not cls.exclusive or edge["valid_at"] is None:
+            continue
+        (negations if negated else classes).setdefault(cls.name, []).append(edge)
+    for name, members in classes.items():
+        members.sort(key=lambda e: (e["valid_at"], e["edge_id"]))
+        for index, old in enumerate(members):
+            causes = [n for n in members[index + 1:]
+                      if n["target_entity_id"] != old["target_entity_id"]
+                      and n["valid_at"] > old["valid_at"]]
+            causes += [n for n in negations.get(name, ())
+                       if n["target_entity_id"] == old["target_entity_id"]
+                       and n["valid_at"] >= old["valid_at"]]
+            if not causes:
+                continue
+            cause = min(causes, key=lambda e: (e["valid_at"], e["edge_id"]))
+            if old["invalid_at"] is None or cause["valid_at"] < old["invalid_at"]:
+                old["invalid_at"] = cause["valid_at"]
+                old["invalidated_by"] = cause["edge_id"]
+    return sorted(edges, key=lambda e: e["edge_id"])

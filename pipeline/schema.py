@@ -182,6 +182,7 @@ EXTRACTED_FACT = pa.struct(
         ("valid_at", TS),
         ("invalid_at", TS),
         ("date_text", pa.string()),
+        ("undated", pa.bool_()),  # past state with no date in the text: valid time unknown
     ]
 )
 EXTRACTIONS = pa.schema(
@@ -209,8 +210,19 @@ WINDOWED_EPISODES = RAW_EPISODES.append(pa.field("context", pa.list_(pa.string()
 
 RESOLVED_ENTITIES = pa.schema(
     [f for f in entities(1) if f.name != "name_embedding"]
-    + [pa.field("normalized", pa.string()), pa.field("aliases", pa.list_(pa.string()))]
+    + [
+        pa.field("normalized", pa.string()),
+        pa.field("aliases", pa.list_(pa.string())),
+        pa.field("alias_normalized", pa.list_(pa.string())),
+        pa.field("alias_evidence", pa.list_(pa.string())),
+        pa.field("alias_score", pa.list_(pa.float64())),
+    ]
 )
+FACT_MENTIONS = pa.schema([
+    ("group_id", pa.string()), ("episode_id", pa.string()),
+    ("source_normalized", pa.string()), ("target_normalized", pa.string()),
+    ("relation", pa.string()), ("fact", pa.string()), ("valid_at", TS), ("invalid_at", TS),
+])
 FACT_ROWS = pa.schema([
     ("edge_id", pa.string()), ("group_id", pa.string()), ("episode_id", pa.string()),
     ("source_entity_id", pa.string()), ("target_entity_id", pa.string()),
@@ -231,6 +243,15 @@ PUBLISHED: dict[str, Callable[[int], pa.Schema]] = {
 }
 
 
+RESOLUTION_PAIRS = pa.schema([
+    ("group_id", pa.string()), ("a", pa.string()), ("b", pa.string()),
+    ("evidence", pa.string()), ("score", pa.float64()), ("merge", pa.bool_()),
+])
+ALIAS_MAP = pa.schema([
+    ("group_id", pa.string()), ("normalized", pa.string()), ("entity_id", pa.string()),
+    ("root", pa.string()), ("evidence", pa.string()), ("score", pa.float64()),
+])
+
 # Stage outputs under STORE/work/<run_id>/, by name (see pipeline.stages).
 WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "raw_episodes": lambda _dim: RAW_EPISODES,
@@ -239,6 +260,10 @@ WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "window_rejects": lambda _dim: REJECTS,
     "extractions": lambda _dim: EXTRACTIONS,
     "extract_rejects": lambda _dim: REJECTS,
+    "name_nodes": lambda _dim: RESOLVED_ENTITIES,
+    "name_vectors": lambda dim: RESOLVED_ENTITIES.append(pa.field("name_embedding", vector(dim))),
+    "resolution_pairs": lambda _dim: RESOLUTION_PAIRS,
+    "alias_map": lambda _dim: ALIAS_MAP,
     "resolved_entities": lambda _dim: RESOLVED_ENTITIES,
     "entity_aliases": lambda _dim: ENTITY_ALIASES,
     "mentions": lambda _dim: MENTIONS,

@@ -201,15 +201,59 @@ def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
 # --- resolve entities ---------------------------------------------------------------------
 
 
-def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
-    """Exact normalized-name resolution per group, shuffled by (group_id, name)."""
+def names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Name nodes: every surface form that normalizes the same, per group (exact match)."""
     mentions = inputs["extractions"].map_batches(resolve.mention_rows, batch_format="pyarrow")
-    entities = shuffled(mentions, ["group_id", "normalized"], resolve.resolve_entities, ctx,
+    nodes = shuffled(mentions, ["group_id", "normalized"], resolve.resolve_entities, ctx,
+                     ctx.created_at)
+    return {"name_nodes": nodes}
+
+
+def embed_names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Vectors of each name node, for the embedding-neighbour blocking of resolution."""
+    return {"name_vectors": embed_column(ctx, inputs["name_nodes"], "name", "name_embedding")}
+
+
+def _rename(mapping: dict[str, str]) -> Callable[[pa.Table], pa.Table]:
+    def rename(batch: pa.Table) -> pa.Table:
+        return batch.rename_columns([mapping.get(c, c) for c in batch.column_names])
+
+    return rename
+
+
+def join_alias_map(ds: Dataset, alias_map: Dataset, ctx: RunContext, column: str,
+                   prefix: str = "") -> Dataset:
+    """Attach the resolved entity of `column` (a normalized name) to every row."""
+    right = alias_map.map_batches(_rename({
+        "normalized": column, "entity_id": f"{prefix}entity_id", "root": f"{prefix}root",
+        "evidence": f"{prefix}evidence", "score": f"{prefix}score"}), batch_format="pyarrow")
+    partitions = ctx.config.ray.shuffle_partitions or 2 * ctx.cpus
+    return ds.join(right, join_type="inner", num_partitions=partitions,
+                   on=("group_id", column))
+
+
+def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Blocking keys -> pair decisions -> union-find, each a shuffle keyed by group."""
+    nodes = inputs["name_vectors"]
+    keyed = nodes.map_batches(resolve.blocking_keys, batch_format="pyarrow",
+                              fn_args=(ctx.config.resolve,))
+    pairs = shuffled(keyed, ["group_id", "key"], resolve.candidate_pairs, ctx,
+                     ctx.config.resolve).materialize()
+    every_node = nodes.map_batches(resolve.node_pairs, batch_format="pyarrow")
+    alias_map = shuffled(pairs.union(every_node), ["group_id"], resolve.cluster, ctx
+                         ).materialize()
+    mentions = inputs["extractions"].map_batches(resolve.mention_rows, batch_format="pyarrow")
+    mapped = join_alias_map(mentions, alias_map, ctx, "normalized").materialize()
+    entities = shuffled(mapped, ["group_id", "entity_id"], resolve.resolve_entities, ctx,
                         ctx.created_at).materialize()
+    undecided = pairs.filter(lambda p: not p["merge"]).count()
+    ctx.count("ambiguous_pairs", undecided)
     return {
+        "resolution_pairs": pairs,
+        "alias_map": alias_map,
         "resolved_entities": entities,
         "entity_aliases": entities.map_batches(resolve.alias_rows, batch_format="pyarrow"),
-        "mentions": mentions.map_batches(resolve.episode_mentions, batch_format="pyarrow"),
+        "mentions": shuffled(mapped, ["episode_id"], resolve.episode_mentions, ctx),
     }
 
 
@@ -217,10 +261,17 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
 
 
 def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
-    """One edge per (pair, relation, fact text), shuffled by edge id, provenance merged."""
-    rows = inputs["extractions"].map_batches(facts.fact_rows, batch_format="pyarrow")
+    """Endpoints resolved through the alias map, one edge per (pair, relation) with merged
+    provenance (shuffled by edge), then invalidation per subject (shuffled by subject)."""
+    config = ctx.config.facts
+    mentions = inputs["extractions"].map_batches(facts.fact_mentions, batch_format="pyarrow")
+    alias_map = inputs["alias_map"]
+    with_source = join_alias_map(mentions, alias_map, ctx, "source_normalized", "source_")
+    with_both = join_alias_map(with_source, alias_map, ctx, "target_normalized", "target_")
+    rows = with_both.map_batches(facts.fact_rows, batch_format="pyarrow", fn_args=(config,))
     edges = shuffled(rows, ["edge_id"], facts.merge_facts, ctx, ctx.created_at)
-    return {"merged_facts": edges}
+    checked = shuffled(edges, ["group_id", "source_entity_id"], facts.invalidate, ctx, config)
+    return {"merged_facts": checked}
 
 
 # --- embed --------------------------------------------------------------------------------
@@ -242,22 +293,22 @@ def _episode_text(batch: pa.Table) -> pa.Table:
 EMBED_BLOCK_ROWS = 1024
 
 
+def embed_column(ctx: RunContext, ds: Dataset, text: str, vector: str) -> Dataset:
+    """`vector` = the embedding of `text`, on a pool of embedder actors."""
+    actors = ctx.config.embed.actors or ctx.cpus
+    return spread(ds, EMBED_BLOCK_ROWS).map_batches(
+        EmbedColumn, fn_constructor_args=(ctx.config, text, vector), batch_format="pyarrow",
+        batch_size=EMBED_BLOCK_ROWS, compute=ActorPoolStrategy(size=actors), num_cpus=1,
+    )
+
+
 def embed_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Vectors for episode contents, entity names and fact texts (one model per actor)."""
-    actors = ctx.config.embed.actors or ctx.cpus
-
-    def embedded(ds: Dataset, text: str, vector: str) -> Dataset:
-        return spread(ds, EMBED_BLOCK_ROWS).map_batches(
-            EmbedColumn, fn_constructor_args=(ctx.config, text, vector), batch_format="pyarrow",
-            batch_size=EMBED_BLOCK_ROWS, compute=ActorPoolStrategy(size=actors), num_cpus=1,
-        )
-
-    episodes = embedded(inputs["episodes"].map_batches(_episode_text, batch_format="pyarrow"),
-                        "embed_text", "content_embedding")
+    episodes = inputs["episodes"].map_batches(_episode_text, batch_format="pyarrow")
     return {
-        "episodes_embedded": episodes,
-        "entities": embedded(inputs["resolved_entities"], "name", "name_embedding"),
-        "facts": embedded(inputs["merged_facts"], "fact", "fact_embedding"),
+        "episodes_embedded": embed_column(ctx, episodes, "embed_text", "content_embedding"),
+        "entities": embed_column(ctx, inputs["resolved_entities"], "name", "name_embedding"),
+        "facts": embed_column(ctx, inputs["merged_facts"], "fact", "fact_embedding"),
     }
 
 
@@ -266,9 +317,12 @@ STAGES: tuple[Stage, ...] = (
     Stage("window", ("raw_episodes",), ("episodes", "window_rejects"), window_stage),
     Stage("extract", ("episodes",), ("extractions", "extract_rejects"), extract_stage,
           model=True),
-    Stage("resolve", ("extractions",), ("resolved_entities", "entity_aliases", "mentions"),
+    Stage("names", ("extractions",), ("name_nodes",), names_stage),
+    Stage("embed_names", ("name_nodes",), ("name_vectors",), embed_names_stage, model=True),
+    Stage("resolve", ("name_vectors", "extractions"),
+          ("resolution_pairs", "alias_map", "resolved_entities", "entity_aliases", "mentions"),
           resolve_stage),
-    Stage("facts", ("extractions",), ("merged_facts",), facts_stage),
+    Stage("facts", ("extractions", "alias_map"), ("merged_facts",), facts_stage),
     Stage("embed", ("episodes", "resolved_entities", "merged_facts"),
           ("episodes_embedded", "entities", "facts"), embed_stage, model=True),
 )

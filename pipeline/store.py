@@ -100,7 +100,35 @@ def build_catalog(snapshot: Path, tables: list[str]) -> None:
                 f"CREATE VIEW {table} AS SELECT * FROM "
                 f"read_parquet('{glob.as_posix()}', hive_partitioning = false)"
             )
-        con.execute("CREATE VIEW facts_current AS SELECT * FROM facts WHERE expired_at IS NULL")
+        for statement in CATALOG_MACROS:
+            con.execute(statement)
+
+
+CATALOG_MACROS = (
+    # What the store believes now: the open version of every fact.
+    "CREATE VIEW facts_current AS SELECT * FROM facts WHERE expired_at IS NULL",
+    # Valid time: the facts that held in the world at t (as currently believed).
+    """CREATE MACRO facts_as_of(t) AS TABLE
+       SELECT * FROM facts_current
+       WHERE (valid_at IS NULL OR valid_at <= t) AND (invalid_at IS NULL OR invalid_at > t)""",
+    # Transaction time: every fact version the store held at t'.
+    """CREATE MACRO facts_known_at(t) AS TABLE
+       SELECT * FROM facts
+       WHERE created_at <= t AND (expired_at IS NULL OR expired_at > t)""",
+    # Every version of every fact touching an entity known under `alias`, on both timelines.
+    """CREATE MACRO entity_history(alias) AS TABLE
+       WITH target AS (SELECT DISTINCT entity_id, group_id FROM entity_aliases
+                       WHERE lower(entity_aliases.alias) = lower(alias))
+       SELECT f.group_id, s.name AS subject, f.relation, o.name AS object, f.fact,
+              f.valid_at, f.invalid_at, f.created_at, f.expired_at, f.version, f.edge_id,
+              f.invalidated_by
+       FROM facts f
+       JOIN target ON f.group_id = target.group_id
+                  AND target.entity_id IN (f.source_entity_id, f.target_entity_id)
+       JOIN entities s ON s.entity_id = f.source_entity_id
+       JOIN entities o ON o.entity_id = f.target_entity_id
+       ORDER BY f.valid_at NULLS FIRST, f.edge_id, f.version""",
+)
 
 
 def write_manifest(snapshot: Path, manifest: dict[str, Any]) -> None:

@@ -1,8 +1,11 @@
 from collections import Counter
 from datetime import UTC, datetime
 
+import pyarrow as pa
+
 from pipeline import schema
-from pipeline.facts import fact_rows, merge_facts
+from pipeline.config import FactsConfig
+from pipeline.facts import fact_mentions, fact_rows, merge_facts
 from pipeline.resolve import (
     alias_rows,
     canonical_name,
@@ -62,26 +65,34 @@ def test_exact_resolution_merges_surface_forms_within_a_group():
     assert entities[("h", "maria lopez")]["entity_id"] != maria["entity_id"]
     aliases = alias_rows(resolved)
     assert set(aliases["evidence"].to_pylist()) == {"exact"}
-    edges = episode_mentions(mentions)
-    assert edges.num_rows == 5
+    ids = {(r["group_id"], r["normalized"]): r["entity_id"] for r in resolved.to_pylist()}
+    mapped = mentions.append_column("entity_id", pa.array(
+        [ids[(g, n)] for g, n in zip(mentions["group_id"].to_pylist(),
+                                     mentions["normalized"].to_pylist(), strict=True)]))
+    assert episode_mentions(mapped).num_rows == 5
 
 
-def test_same_fact_twice_is_one_edge_with_both_episodes():
+def test_same_fact_in_other_words_is_one_edge_with_both_episodes():
     table = schema.from_rows([
         extraction("e1", "g", T1, [("Ana", "Person"), ("Porto", "Location")],
                    [("Ana", "Porto", "LIVE_IN", "Ana lives in Porto.")]),
         extraction("e2", "g", T2, [("Ana", "Person"), ("Porto", "Location")],
-                   [("ana", "Porto", "LIVE_IN", "Ana lives in Porto")]),
+                   [("ana", "Porto", "MOVE_TO", "Ana moved to Porto")]),
         extraction("e3", "g", T2, [("Ana", "Person"), ("Porto", "Location")],
                    [("Ana", "Porto", "WORK_IN", "Ana works in Porto.")]),
     ], schema.EXTRACTIONS)
-    rows = fact_rows(table)
-    assert rows.num_rows == 3
+    mentions = fact_mentions(table)
+    assert mentions["source_normalized"].to_pylist() == ["ana"] * 3
+    resolved = mentions.append_column(
+        "source_entity_id", pa.array([entity_id("g", "ana")] * 3)).append_column(
+        "target_entity_id", pa.array([entity_id("g", "porto")] * 3))
+    rows = fact_rows(resolved, FactsConfig())
+    assert rows["relation"].to_pylist() == ["LIVES_IN", "LIVES_IN", "WORK_IN"]
     assert len(set(rows["edge_id"].to_pylist())) == 2
     edges = {e["relation"]: e for e in merge_facts(rows, T2).to_pylist()}
-    assert len(edges) == 2
-    edge = edges["LIVE_IN"]
+    edge = edges["LIVES_IN"]
     assert edge["episode_ids"] == ["e1", "e2"]
     assert edge["valid_at"] == T1  # no date in the text: the earliest episode's time
+    assert edge["fact"] == "Ana lives in Porto."
     assert edge["version"] == 1 and edge["expired_at"] is None
     assert edge["source_entity_id"] == entity_id("g", "Ana")

@@ -38,6 +38,7 @@ class ExtractedFact:
     valid_at: datetime | None = None
     invalid_at: datetime | None = None
     date_text: str | None = None
+    undated: bool = False  # "we lived in Bristol before": held once, not at t_ref
 
 
 @dataclass

@@ -30,6 +30,9 @@ DATE_LABELS = {"DATE", "TIME"}
 FIRST_PERSON = {"i", "me", "myself", "we", "us", "ourselves"}
 SUBJECT_DEPS = {"nsubj", "nsubjpass"}
 OBJECT_DEPS = {"dobj", "attr", "dative", "oprd"}
+# Verbs of a lasting state: in the past tense and without a date, the state held at some
+# unknown time before the message, so the fact gets no valid time (and never invalidates).
+STATE_VERBS = {"live", "work", "attend", "reside", "stay", "study", "be", "belong", "own"}
 TRIM_WORDS = {"the", "a", "an", "my", "our", "your", "his", "her", "their", "its", "this",
               "that", "these", "those", "some", "any", "all", "every", "no"}
 
@@ -204,6 +207,8 @@ class SpacyExtractor:
         negation = "NOT" if self._negated(verb) else ""
         clause = verb.doc[verb.left_edge.i : verb.right_edge.i + 1]
         valid_at, invalid_at, date_text = self._dates(clause, t_ref)
+        undated = (date_text is None and verb.tag_ == "VBD"
+                   and verb.lemma_.lower() in STATE_VERBS)
         for token, words in self._objects(verb):
             target = self._argument(token, spans, speaker)
             if not target:
@@ -219,7 +224,7 @@ class SpacyExtractor:
                     text = f"{speaker}: {text}"
                 yield ExtractedFact(source, target, relation, " ".join(text.split()),
                                     valid_at=valid_at, invalid_at=invalid_at,
-                                    date_text=date_text)
+                                    date_text=date_text, undated=undated)
 
     def _dates(self, clause: Span, t_ref: datetime
                ) -> tuple[datetime | None, datetime | None, str | None]:

@@ -1,0 +1,103 @@
+"""Resolution rules on names whose outcome is known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline import schema
+from pipeline.config import ResolveConfig
+from pipeline.resolve import (
+    blocking_keys,
+    candidate_pairs,
+    cluster,
+    core_name,
+    decide_pair,
+    minhash_keys,
+    node_pairs,
+    normalize_name,
+)
+
+CONFIG = ResolveConfig()
+
+
+def node(name, labels=("Person",), mentions=1, vector=None):
+    return {"group_id": "g", "normalized": normalize_name(name), "name": name,
+            "labels": list(labels), "mention_count": mentions, "mentions": mentions,
+            "vector": vector, "name_embedding": vector}
+
+
+def resolve_names(nodes: list[dict]) -> dict[str, str]:
+    table = pa.Table.from_pylist([
+        {"group_id": n["group_id"], "normalized": n["normalized"], "name": n["name"],
+         "labels": n["labels"], "mention_count": n["mention_count"],
+         "name_embedding": n["name_embedding"]} for n in nodes])
+    pairs = candidate_pairs(blocking_keys(table, CONFIG), CONFIG)
+    everything = pa.concat_tables([pairs, node_pairs(table)])
+    mapping = cluster(everything)
+    roots = {r["normalized"]: r["root"] for r in mapping.to_pylist()}
+    return {n["name"]: roots[n["normalized"]] for n in nodes}
+
+
+def test_core_names():
+    assert core_name("initech inc", CONFIG) == "initech"
+    assert core_name("globex corporation", CONFIG) == "globex"
+    assert core_name("dr. sofia costa", CONFIG) == "sofia costa"
+    assert core_name("inc", CONFIG) == "inc"
+
+
+def test_minhash_keys_are_deterministic_and_close_for_variants():
+    assert minhash_keys("okafor", 8, 4, 3) == minhash_keys("okafor", 8, 4, 3)
+    shared = set(minhash_keys("daniel okafor", 8, 4, 3)) & set(
+        minhash_keys("daniel okafur", 8, 4, 3))
+    assert shared
+
+
+def test_rules_merge_variants_and_keep_apart_the_rest():
+    roots = resolve_names([
+        node("Globex Corporation", ("Organization",), 5), node("Globex", ("Organization",)),
+        node("Initech Inc.", ("Organization",)), node("Initech", ("Organization",), 3),
+        node("Daniel Okafor", mentions=4), node("Daniel Okafur"), node("Maria"),
+        node("Maria Lopez"),
+        node("Alice Walker"), node("Tom Walker"), node("Alice"),
+        node("Customer CUST-001", ("Customer",)), node("Customer CUST-002", ("Customer",)),
+    ])
+    assert roots["Globex"] == roots["Globex Corporation"] == "globex corporation"
+    assert roots["Initech"] == roots["Initech Inc."] == "initech inc"
+    assert roots["Daniel Okafur"] == "daniel okafor"
+    assert roots["Maria"] == "maria lopez"
+    assert roots["Alice"] == "alice walker"
+    assert roots["Tom Walker"] != roots["Alice Walker"]
+    assert roots["Customer CUST-001"] != roots["Customer CUST-002"]
+
+
+def test_a_first_name_shared_by_two_people_stays_apart():
+    roots = resolve_names([node("Alice Walker"), node("Alice Chen"), node("Alice")])
+    assert roots["Alice"] == "alice"
+
+
+def test_embedding_neighbours_merge_only_named_things_above_the_threshold():
+    base = np.zeros(8, dtype=np.float32)
+    base[0] = 1.0
+    near = base.copy()
+    near[1] = 0.2
+    near /= np.linalg.norm(near)
+    a = node("NYC", ("Location",), vector=base.tolist())
+    b = node("New York City", ("Location",), vector=near.tolist())
+    assert decide_pair("e", a, b, CONFIG)[0] == "embedding"
+    assert decide_pair("e", a, b, CONFIG)[2] is True
+    concept_a = node("biggest account", ("Concept",), vector=base.tolist())
+    concept_b = node("largest account", ("Concept",), vector=near.tolist())
+    assert decide_pair("e", concept_a, concept_b, CONFIG)[2] is False
+
+
+def test_cluster_ids_are_deterministic():
+    nodes = [node("Globex Corporation", ("Organization",)), node("Globex", ("Organization",))]
+    first = resolve_names(nodes)
+    second = resolve_names(list(reversed(nodes)))
+    assert first == second
+    table = pa.Table.from_pylist([{k: n[k] for k in ("group_id", "normalized",
+                                                     "mention_count")} for n in nodes])
+    assert schema.stable_id("g", "entity", "globex corporation") in cluster(
+        node_pairs(table.append_column("name", pa.array(["x", "y"])))
+    )["entity_id"].to_pylist()
