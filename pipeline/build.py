@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import ray
 import ray.data
 from ray.data import Dataset
@@ -25,7 +26,7 @@ from ray.data import Dataset
 from pipeline import schema, sources, store
 from pipeline.config import TkgConfig
 from pipeline.embed import embedding_dim
-from pipeline.stages import STAGES, RunContext
+from pipeline.stages import INTERNAL_EXTRACTIONS, STAGES, RunContext
 
 log = logging.getLogger("tkg.build")
 SUCCESS = "_SUCCESS.json"
@@ -35,8 +36,9 @@ PUBLISH = {
     "entities": "entities",
     "entity_aliases": "entity_aliases",
     "mentions": "mentions",
-    "facts": "facts",
+    "facts_versioned": "facts",
 }
+CARRIED = ("episodes", INTERNAL_EXTRACTIONS)  # tables that grow: earlier rows are kept
 REJECT_OUTPUTS = ("read_rejects", "window_rejects", "extract_rejects")
 
 
@@ -84,17 +86,15 @@ def _materialize(dataset: Dataset, target: Path, table_schema: pa.Schema) -> int
     for index, ref in enumerate(dataset.to_arrow_refs()):
         table = schema.conform(ray.get(ref), table_schema)
         if table.num_rows or index == 0:
-            pa.parquet.write_table(table, target / f"part-{index:05d}.parquet")
+            pq.write_table(table, target / f"part-{index:05d}.parquet")
             rows += table.num_rows
     if not any(target.iterdir()):
-        pa.parquet.write_table(table_schema.empty_table(), target / store.EMPTY_PART)
+        pq.write_table(table_schema.empty_table(), target / store.EMPTY_PART)
     return rows
 
 
 def run_stages(ctx: RunContext) -> dict[str, float]:
     """Run each stage not already finished in the work dir; returns seconds per stage."""
-    import pyarrow.parquet  # noqa: F401 - registers pa.parquet
-
     seconds: dict[str, float] = {}
     outputs: dict[str, Path] = {}
     for stage in STAGES:
@@ -138,8 +138,6 @@ def _publish_table(source: Path, target: Path, table_schema: pa.Schema) -> int:
 
 @ray.remote
 def _write_parts(path: str, target: Path, table_schema: pa.Schema) -> int:
-    import pyarrow.parquet as pq
-
     table = pq.read_table(path)
     if table.num_rows == 0:
         return 0
@@ -150,8 +148,6 @@ def _write_parts(path: str, target: Path, table_schema: pa.Schema) -> int:
 def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
             started_at: datetime) -> BuildResult:
     """Write the snapshot (tables, catalog, manifest) and switch CURRENT last."""
-    import pyarrow.parquet as pq
-
     started = time.perf_counter()
     snapshot = store.prepare_snapshot(store_dir, ctx.run_id)
     outputs: dict[str, Path] = ctx.outputs  # type: ignore[attr-defined]
@@ -159,9 +155,13 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
     for work_name, table in PUBLISH.items():
         rows[table] = _publish_table(outputs[work_name], snapshot / table,
                                      schema.PUBLISHED[table](ctx.dim))
+    new_episodes = rows["episodes"]
+    _publish_table(outputs["extractions"], snapshot / INTERNAL_EXTRACTIONS, schema.EXTRACTIONS)
+    for table in CARRIED:
+        rows[table] = rows.get(table, 0) + _carry(ctx.previous, snapshot, table)
     reject_tables = {name: schema.conform(pq.read_table(outputs[name]), schema.REJECTS)
                      for name in REJECT_OUTPUTS}
-    rejects = pa.concat_tables(list(reject_tables.values()))
+    rejects = pa.concat_tables([*reject_tables.values(), _previous_rejects(ctx.previous)])
     rows["rejects"] = rejects.num_rows
     _write_small(rejects, snapshot / "rejects", schema.REJECTS)
     for table in ("communities", "community_members"):
@@ -179,7 +179,9 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
         "episodes_in": ctx.counters.get("episodes_in", 0),
         "episodes_ok": episodes_ok,
         "rejected": rejected,
-        "duplicates": episodes_ok - rows["episodes"],
+        "duplicates": episodes_ok - new_episodes - ctx.counters.get("already_ingested", 0),
+        "already_ingested": ctx.counters.get("already_ingested", 0),
+        "previous_snapshot": ctx.previous.name if ctx.previous else None,
         "extract_failed": reject_tables["extract_rejects"].num_rows,
         "missing_timezone": ctx.counters.get("missing_timezone", 0),
         "ambiguous_pairs": ctx.counters.get("ambiguous_pairs", 0),
@@ -208,6 +210,31 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
     return BuildResult(summary=summary, snapshot=snapshot)
 
 
+def _carry(previous: Path | None, snapshot: Path, table: str) -> int:
+    """Hard-link (or copy) the previous snapshot's files of a growing table; returns rows."""
+    if previous is None or not (previous / table).is_dir():
+        return 0
+    rows = 0
+    for source in (previous / table).rglob("part-*.parquet"):
+        if source.name == store.EMPTY_PART:
+            continue
+        target = snapshot / table / source.relative_to(previous / table)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copy2(source, target)
+        rows += pq.ParquetFile(target).metadata.num_rows
+    return rows
+
+
+def _previous_rejects(previous: Path | None) -> pa.Table:
+    if previous is None or not (previous / "rejects").is_dir():
+        return schema.REJECTS.empty_table()
+    return schema.conform(pq.read_table(previous / "rejects", partitioning=None),
+                          schema.REJECTS)
+
+
 def _fact_counts(snapshot: Path) -> dict[str, int]:
     import duckdb
 
@@ -227,7 +254,7 @@ def _write_small(table: pa.Table, target: Path, table_schema: pa.Schema) -> None
         store.write_group_parts(table, target, table_schema)
     elif table.num_rows:
         target.mkdir(parents=True, exist_ok=True)
-        pa.parquet.write_table(schema.conform(table, table_schema), target / "part-00000.parquet")
+        pq.write_table(schema.conform(table, table_schema), target / "part-00000.parquet")
     store.write_empty(target, table_schema)
 
 
@@ -257,8 +284,13 @@ def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
     else:
         created_at = started_at
         created_file.write_text(created_at.isoformat())
+    previous_file = work / "previous"  # a resumed run builds on the same snapshot
+    if not previous_file.is_file():
+        previous_file.write_text(store.current_run(store_dir) or "")
+    previous_run = previous_file.read_text().strip()
+    previous = store.snapshot_dir(store_dir, previous_run) if previous_run else None
     cpus = init_ray(config)
     ctx = RunContext(config=config, run_id=run_id, created_at=created_at, files=files,
-                     work_dir=work, dim=embedding_dim(config), cpus=cpus)
+                     work_dir=work, dim=embedding_dim(config), cpus=cpus, previous=previous)
     seconds = run_stages(ctx)
     return publish(ctx, store_dir, seconds, started_at)

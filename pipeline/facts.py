@@ -139,3 +139,39 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
                 old["invalid_at"] = cause["valid_at"]
                 old["invalidated_by"] = cause["edge_id"]
     return sorted(edges, key=lambda e: e["edge_id"])
+
+
+VERSIONED_FIELDS = ("source_entity_id", "target_entity_id", "relation", "fact", "episode_ids",
+                    "valid_at", "invalid_at", "invalidated_by")
+
+
+def version_edges(rows: pa.Table, now: datetime) -> pa.Table:
+    """This run's facts (`side` = new) against every stored version (`side` = old), any
+    number of edges -> all versions. Nothing is updated in place but `expired_at` of a
+    version the store stops believing."""
+    by_edge: dict[str, dict[str, list[dict]]] = {}
+    for row in rows.to_pylist():
+        by_edge.setdefault(row["edge_id"], {"new": [], "old": []})[row.pop("side")].append(row)
+    out: list[dict] = []
+    for _, sides in sorted(by_edge.items()):
+        out += version_edge(sides["old"], (sides["new"] or [None])[0], now)
+    return pa.Table.from_pylist(out, schema=rows.schema.remove(rows.schema.get_field_index(
+        "side")))
+
+
+def version_edge(stored: list[dict], current: dict | None, now: datetime) -> list[dict]:
+    """Versions of one edge: the stored ones, closed where the store changed its mind, and
+    the current belief appended when it differs from the open version."""
+    versions = [dict(v) for v in sorted(stored, key=lambda v: v["version"])]
+    open_version = next((v for v in versions if v["expired_at"] is None), None)
+    if current is not None and open_version is not None and all(
+        open_version[k] == current[k] for k in VERSIONED_FIELDS
+    ):
+        return versions
+    if open_version is not None:
+        open_version["expired_at"] = now
+    if current is not None:
+        versions.append({**current, "version": max((v["version"] for v in versions),
+                                                   default=0) + 1, "created_at": now,
+                         "expired_at": None})
+    return versions

@@ -36,6 +36,7 @@ class RunContext:
     work_dir: Path
     dim: int
     cpus: int
+    previous: Path | None = None  # the snapshot an incremental run builds on
     counters: dict[str, int] = field(default_factory=dict)
 
     def count(self, name: str, value: int) -> None:
@@ -52,6 +53,25 @@ class Stage:
     outputs: tuple[str, ...]
     run: StageFn
     model: bool = False  # a model stage (extraction, embedding): reported apart in benchmarks
+
+
+def previous_table(ctx: RunContext, table: str) -> Dataset | None:
+    """A table of the snapshot this run builds on (incremental runs), or None."""
+    if ctx.previous is None:
+        return None
+    files = sorted(str(p) for p in (ctx.previous / table).rglob("*.parquet"))
+    return ray.data.read_parquet(files, partitioning=None) if files else None
+
+
+def all_extractions(ctx: RunContext, new: Dataset) -> Dataset:
+    """This run's extractions plus those of every earlier run: resolution and facts are
+    recomputed over everything, so several runs over parts agree with one run over all."""
+    previous = previous_table(ctx, INTERNAL_EXTRACTIONS)
+    return new if previous is None else new.union(previous.map_batches(
+        lambda b: schema.conform(b, schema.EXTRACTIONS), batch_format="pyarrow"))
+
+
+INTERNAL_EXTRACTIONS = "_extractions"  # published with each snapshot, not in the catalog
 
 
 # --- read + validate ------------------------------------------------------------------------
@@ -90,6 +110,12 @@ def _with_window_key(batch: pa.Table) -> pa.Table:
 WINDOW_OUT = schema.WINDOWED_EPISODES.append(pa.field("reject", pa.string()))
 
 
+def partitioned(ds: Dataset, keys: list[str], ctx: RunContext) -> Dataset:
+    """Hash-shuffled by `keys` and materialized: every key's rows share one block."""
+    partitions = ctx.config.ray.shuffle_partitions or 2 * ctx.cpus
+    return ds.repartition(partitions, keys=keys).materialize()
+
+
 def shuffled(ds: Dataset, keys: list[str], fn: Callable[..., pa.Table], ctx: RunContext,
              *fn_args: object) -> Dataset:
     """Hash-shuffle by `keys` (every key's rows land in one block, bounded by the largest
@@ -126,6 +152,13 @@ def window_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
     grouped = shuffled(keyed, ["window_key"], _window_block, ctx, args).materialize()
     episodes = grouped.filter(lambda r: r["reject"] is None).map_batches(
         lambda b: b.drop_columns(["reject"]), batch_format="pyarrow")
+    stored = previous_table(ctx, "episodes")
+    if stored is not None:  # re-ingesting what the store has is a no-op
+        before = episodes.count()
+        partitions = ctx.config.ray.shuffle_partitions or 2 * ctx.cpus
+        episodes = episodes.join(stored.select_columns(["episode_id"]), join_type="left_anti",
+                                 num_partitions=partitions, on=("episode_id",)).materialize()
+        ctx.count("already_ingested", before - episodes.count())
     rejects = grouped.filter(lambda r: r["reject"] is not None).map_batches(
         _decode_rejects, batch_format="pyarrow")
     return {"episodes": episodes, "window_rejects": rejects}
@@ -203,7 +236,8 @@ def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
 
 def names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Name nodes: every surface form that normalizes the same, per group (exact match)."""
-    mentions = inputs["extractions"].map_batches(resolve.mention_rows, batch_format="pyarrow")
+    extractions = all_extractions(ctx, inputs["extractions"])
+    mentions = extractions.map_batches(resolve.mention_rows, batch_format="pyarrow")
     nodes = shuffled(mentions, ["group_id", "normalized"], resolve.resolve_entities, ctx,
                      ctx.created_at)
     return {"name_nodes": nodes}
@@ -242,10 +276,13 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
     every_node = nodes.map_batches(resolve.node_pairs, batch_format="pyarrow")
     alias_map = shuffled(pairs.union(every_node), ["group_id"], resolve.cluster, ctx
                          ).materialize()
-    mentions = inputs["extractions"].map_batches(resolve.mention_rows, batch_format="pyarrow")
-    mapped = join_alias_map(mentions, alias_map, ctx, "normalized").materialize()
-    entities = shuffled(mapped, ["group_id", "entity_id"], resolve.resolve_entities, ctx,
-                        ctx.created_at).materialize()
+    extractions = all_extractions(ctx, inputs["extractions"])
+    mentions = extractions.map_batches(resolve.mention_rows, batch_format="pyarrow")
+    mapped = join_alias_map(mentions, alias_map, ctx, "normalized")
+    by_entity = partitioned(mapped, ["group_id", "entity_id"], ctx)  # one shuffle, two uses
+    entities = by_entity.map_batches(resolve.resolve_entities, batch_size=None,
+                                     batch_format="pyarrow", fn_args=(ctx.created_at,)
+                                     ).materialize()
     undecided = pairs.filter(lambda p: not p["merge"]).count()
     ctx.count("ambiguous_pairs", undecided)
     return {
@@ -253,7 +290,8 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
         "alias_map": alias_map,
         "resolved_entities": entities,
         "entity_aliases": entities.map_batches(resolve.alias_rows, batch_format="pyarrow"),
-        "mentions": shuffled(mapped, ["episode_id"], resolve.episode_mentions, ctx),
+        "mentions": by_entity.map_batches(resolve.episode_mentions, batch_size=None,
+                                          batch_format="pyarrow"),
     }
 
 
@@ -264,7 +302,8 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     """Endpoints resolved through the alias map, one edge per (pair, relation) with merged
     provenance (shuffled by edge), then invalidation per subject (shuffled by subject)."""
     config = ctx.config.facts
-    mentions = inputs["extractions"].map_batches(facts.fact_mentions, batch_format="pyarrow")
+    extractions = all_extractions(ctx, inputs["extractions"])
+    mentions = extractions.map_batches(facts.fact_mentions, batch_format="pyarrow")
     alias_map = inputs["alias_map"]
     with_source = join_alias_map(mentions, alias_map, ctx, "source_normalized", "source_")
     with_both = join_alias_map(with_source, alias_map, ctx, "target_normalized", "target_")
@@ -312,6 +351,26 @@ def embed_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     }
 
 
+def _tag(side: str, dim: int) -> Callable[[pa.Table], pa.Table]:
+    def tag(batch: pa.Table) -> pa.Table:
+        batch = schema.conform(batch, schema.facts(dim))
+        return batch.append_column("side", pa.array([side] * batch.num_rows, pa.string()))
+
+    return tag
+
+
+def versions_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Bi-temporal versions against the previous snapshot, shuffled by edge: an unchanged
+    fact keeps its version; a changed one closes the open version and appends the next."""
+    stored = previous_table(ctx, "facts")
+    if stored is None:
+        return {"facts_versioned": inputs["facts"]}
+    both = inputs["facts"].map_batches(_tag("new", ctx.dim), batch_format="pyarrow").union(
+        stored.map_batches(_tag("old", ctx.dim), batch_format="pyarrow"))
+    return {"facts_versioned": shuffled(both, ["edge_id"], facts.version_edges, ctx,
+                                        ctx.created_at)}
+
+
 STAGES: tuple[Stage, ...] = (
     Stage("read", (), ("raw_episodes", "read_rejects"), read_stage),
     Stage("window", ("raw_episodes",), ("episodes", "window_rejects"), window_stage),
@@ -325,5 +384,6 @@ STAGES: tuple[Stage, ...] = (
     Stage("facts", ("extractions", "alias_map"), ("merged_facts",), facts_stage),
     Stage("embed", ("episodes", "resolved_entities", "merged_facts"),
           ("episodes_embedded", "entities", "facts"), embed_stage, model=True),
+    Stage("versions", ("facts",), ("facts_versioned",), versions_stage),
 )
 REGISTRY: dict[str, Stage] = {stage.name: stage for stage in STAGES}

@@ -298,3 +298,49 @@ def test_chinook_records_build(ray_session, config, tmp_path, shared_data):
         assert linked == 412
         assert con.execute("SELECT count(*) FROM entities WHERE name = 'Customer 2'"
                            ).fetchone() == (1,)
+
+
+def _split_corpus(tmp_path: Path, cutoff: str) -> tuple[Path, Path]:
+    """The corpus as two deliveries: everything before `cutoff`, then the rest."""
+    early, late = [], []
+    for path in sorted(CORPUS.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            (early if json.loads(line)["timestamp"] < cutoff else late).append(line)
+    first, second = tmp_path / "part1" / "a.jsonl", tmp_path / "part2" / "b.jsonl"
+    for target, lines in ((first, early), (second, late)):
+        target.parent.mkdir()
+        target.write_text("\n".join(lines) + "\n")
+    return first, second
+
+
+def test_incremental_runs_agree_with_one_run(ray_session, config, corpus_db, tmp_path):
+    import duckdb
+
+    first_part, second_part = _split_corpus(tmp_path, "2024-06-15")
+    store_dir = tmp_path / "store"
+    first = build(config, [str(first_part)], store_dir, run_id="part-1")
+    second = build(config, [str(second_part)], store_dir, run_id="part-2")
+    assert second.summary["previous_snapshot"] == "part-1"
+    assert second.summary["episodes"] == 205
+    with duckdb.connect(str(second.snapshot / "catalog.duckdb"), read_only=True) as con:
+        for sql in ("SELECT entity_id, name, group_id FROM entities",
+                    "SELECT edge_id, relation, valid_at, invalid_at, invalidated_by, episode_ids"
+                    " FROM facts_current",
+                    "SELECT episode_id FROM episodes"):
+            assert sorted(con.execute(sql).fetchall()) == sorted(
+                corpus_db.execute(sql).fetchall()), sql
+        # Daniel's move to Paris arrived in the second delivery: Berlin got a second version
+        berlin = con.execute("""
+            SELECT version, invalid_at, created_at, expired_at FROM entity_history('Berlin')
+            WHERE relation = 'LIVES_IN' AND subject = 'Daniel Okafor' ORDER BY version
+            """).fetchall()
+        assert [v[0] for v in berlin] == [1, 2]
+        assert berlin[0][1] is None and berlin[0][3] == berlin[1][2]  # closed when v2 began
+        assert berlin[1][1].date().isoformat() == "2024-06-01" and berlin[1][3] is None
+        # what the store believed after the first delivery is still a query away
+        first_time = datetime.fromisoformat(
+            (store_dir / "work" / "part-1" / "created_at").read_text())
+        believed = con.execute("SELECT count(*) FROM facts_known_at(?)",
+                               [first_time]).fetchone()[0]
+    with duckdb.connect(str(first.snapshot / "catalog.duckdb"), read_only=True) as old:
+        assert believed == old.execute("SELECT count(*) FROM facts_current").fetchone()[0]
