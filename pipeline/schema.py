@@ -271,6 +271,7 @@ WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "episodes_embedded": episodes,
     "entities": entities,
     "facts": facts,
+    "facts_versioned": facts,
 }
 
 
