@@ -20,9 +20,16 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 
 @pytest.fixture(scope="session")
 def config():
+    """The embedded default, sized for tiny test inputs on 2 cores: one actor per model
+    (actor start-up, not compute, dominates there) and two shuffle partitions."""
     from pipeline.config import load_config
 
-    return load_config(ROOT / "configs" / "local.yaml")
+    base = load_config(ROOT / "configs" / "local.yaml")
+    return base.model_copy(update={
+        "extract": base.extract.model_copy(update={"actors": 1}),
+        "embed": base.embed.model_copy(update={"actors": 1, "threads_per_actor": 2}),
+        "ray": base.ray.model_copy(update={"shuffle_partitions": 2, "progress_bars": False}),
+    })
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +39,7 @@ def ray_session(config):
 
     from pipeline.build import init_ray
 
-    init_ray(config.model_copy(update={"ray": config.ray.model_copy(
-        update={"num_cpus": 2, "progress_bars": False})}))
+    init_ray(config.model_copy(update={"ray": config.ray.model_copy(update={"num_cpus": 2})}))
     yield
     ray.shutdown()
 

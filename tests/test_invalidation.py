@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 
 import pyarrow as pa
 from hypothesis import given, settings
@@ -112,3 +113,34 @@ def test_interval_invariants_hold_for_any_sequence(items):
         old_invalid = before[e["edge_id"]][1]
         if old_invalid is not None:  # invalidation only ever moves an end earlier
             assert e["invalid_at"] <= old_invalid
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.tuples(st.sampled_from(["a", "b"]),
+                                               st.one_of(st.none(), st.integers(0, 50)))),
+                min_size=1, max_size=12))
+def test_versions_never_overlap_and_one_is_open(beliefs):
+    """Any sequence of runs (each believing some content of one edge, or nothing) leaves
+    contiguous, non-overlapping transaction intervals and at most one open version."""
+    from pipeline.facts import version_edge
+
+    versions: list[dict] = []
+    for run, belief in enumerate(beliefs):
+        now = T0 + timedelta(days=run + 1)
+        current = None
+        if belief is not None:
+            target, end = belief
+            current = edge("e", "LIVES_IN", target, T0,
+                           None if end is None else T0 + timedelta(days=end))
+            current["created_at"] = now
+        versions = version_edge(versions, current, now)
+        open_versions = [v for v in versions if v["expired_at"] is None]
+        assert len(open_versions) <= 1
+        assert (len(open_versions) == 1) == (current is not None)
+        if current is not None:
+            assert open_versions[0]["target_entity_id"] == current["target_entity_id"]
+        ordered = sorted(versions, key=lambda v: v["version"])
+        assert [v["version"] for v in ordered] == list(range(1, len(ordered) + 1))
+        for older, newer in pairwise(ordered):
+            assert older["expired_at"] is not None
+            assert older["created_at"] <= older["expired_at"] <= newer["created_at"]
