@@ -121,8 +121,7 @@ def run_stages(ctx: RunContext) -> dict[str, float]:
         counters = {k: v - before.get(k, 0) for k, v in ctx.counters.items()}
         marker.write_text(json.dumps({"seconds": seconds[stage.name], "rows": rows,
                                       "counters": counters}))
-    ctx.counters["_outputs"] = 0
-    ctx.outputs = outputs  # type: ignore[attr-defined]
+    ctx.outputs.update(outputs)
     return seconds
 
 
@@ -150,7 +149,7 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
     """Write the snapshot (tables, catalog, manifest) and switch CURRENT last."""
     started = time.perf_counter()
     snapshot = store.prepare_snapshot(store_dir, ctx.run_id)
-    outputs: dict[str, Path] = ctx.outputs  # type: ignore[attr-defined]
+    outputs = ctx.outputs
     rows: dict[str, int] = {}
     for work_name, table in PUBLISH.items():
         rows[table] = _publish_table(outputs[work_name], snapshot / table,

@@ -38,6 +38,7 @@ class RunContext:
     cpus: int
     previous: Path | None = None  # the snapshot an incremental run builds on
     counters: dict[str, int] = field(default_factory=dict)
+    outputs: dict[str, Path] = field(default_factory=dict)  # finished stage outputs
 
     def count(self, name: str, value: int) -> None:
         self.counters[name] = self.counters.get(name, 0) + int(value)
