@@ -40,6 +40,11 @@ class RunContext:
     counters: dict[str, int] = field(default_factory=dict)
     outputs: dict[str, Path] = field(default_factory=dict)  # finished stage outputs
 
+    @property
+    def partitions(self) -> int:
+        """Hash-shuffle partitions for groupbys and joins."""
+        return self.config.ray.shuffle_partitions or 2 * self.cpus
+
     def count(self, name: str, value: int) -> None:
         self.counters[name] = self.counters.get(name, 0) + int(value)
 
@@ -113,8 +118,7 @@ WINDOW_OUT = schema.WINDOWED_EPISODES.append(pa.field("reject", pa.string()))
 
 def partitioned(ds: Dataset, keys: list[str], ctx: RunContext) -> Dataset:
     """Hash-shuffled by `keys` and materialized: every key's rows share one block."""
-    partitions = ctx.config.ray.shuffle_partitions or 2 * ctx.cpus
-    return ds.repartition(partitions, keys=keys).materialize()
+    return ds.repartition(ctx.partitions, keys=keys).materialize()
 
 
 def shuffled(ds: Dataset, keys: list[str], fn: Callable[..., pa.Table], ctx: RunContext,
@@ -122,8 +126,7 @@ def shuffled(ds: Dataset, keys: list[str], fn: Callable[..., pa.Table], ctx: Run
     """Hash-shuffle by `keys` (every key's rows land in one block, bounded by the largest
     key, not the dataset), then run `fn` once per block. This is what Ray's map_groups does,
     without a Python call and a table per group."""
-    partitions = ctx.config.ray.shuffle_partitions or 2 * ctx.cpus
-    return ds.repartition(partitions, keys=keys).map_batches(
+    return ds.repartition(ctx.partitions, keys=keys).map_batches(
         fn, batch_size=None, batch_format="pyarrow", fn_args=fn_args)
 
 
@@ -155,10 +158,11 @@ def window_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
         lambda b: b.drop_columns(["reject"]), batch_format="pyarrow")
     stored = previous_table(ctx, "episodes")
     if stored is not None:  # re-ingesting what the store has is a no-op
+        episodes = episodes.materialize()  # counted and joined: computed once
         before = episodes.count()
-        partitions = ctx.config.ray.shuffle_partitions or 2 * ctx.cpus
         episodes = episodes.join(stored.select_columns(["episode_id"]), join_type="left_anti",
-                                 num_partitions=partitions, on=("episode_id",)).materialize()
+                                 num_partitions=ctx.partitions, on=("episode_id",)
+                                 ).materialize()
         ctx.count("already_ingested", before - episodes.count())
     rejects = grouped.filter(lambda r: r["reject"] is not None).map_batches(
         _decode_rejects, batch_format="pyarrow")
@@ -262,8 +266,7 @@ def join_alias_map(ds: Dataset, alias_map: Dataset, ctx: RunContext, column: str
     right = alias_map.map_batches(_rename({
         "normalized": column, "entity_id": f"{prefix}entity_id", "root": f"{prefix}root",
         "evidence": f"{prefix}evidence", "score": f"{prefix}score"}), batch_format="pyarrow")
-    partitions = ctx.config.ray.shuffle_partitions or 2 * ctx.cpus
-    return ds.join(right, join_type="inner", num_partitions=partitions,
+    return ds.join(right, join_type="inner", num_partitions=ctx.partitions,
                    on=("group_id", column))
 
 
