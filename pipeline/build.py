@@ -59,6 +59,9 @@ def init_ray(config: TkgConfig) -> int:
     if not ray.is_initialized():
         ray.init(
             address=config.ray.address, num_cpus=config.ray.num_cpus,
+            object_store_memory=(int(config.ray.object_store_gb * 2**30)
+                                 if config.ray.object_store_gb and not config.ray.address
+                                 else None),
             include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
             configure_logging=True,
         )

@@ -26,6 +26,9 @@ class RayConfig(_Section):
         None, description="hash-shuffle partitions for groupbys; null = 2 x CPUs"
     )
     progress_bars: bool = True
+    object_store_gb: float | None = Field(
+        None, description="local Ray's object store in GB; null = Ray's default"
+    )
 
 
 class LimitsConfig(_Section):

@@ -28,7 +28,8 @@ def config():
     return base.model_copy(update={
         "extract": base.extract.model_copy(update={"actors": 1}),
         "embed": base.embed.model_copy(update={"actors": 1, "threads_per_actor": 2}),
-        "ray": base.ray.model_copy(update={"shuffle_partitions": 2, "progress_bars": False}),
+        "ray": base.ray.model_copy(update={"shuffle_partitions": 2, "progress_bars": False,
+                                           "object_store_gb": 2}),
     })
 
 
