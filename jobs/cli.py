@@ -151,6 +151,11 @@ def parser() -> argparse.ArgumentParser:
     bench_build.add_argument("--workdir", default=None, help="keep inputs and store here")
     bench_build.add_argument("--json", action="store_true")
     bench_build.set_defaults(fn=cmd_bench_build)
+
+    from jobs import docs, report  # analytics and docs (issue 8): `tkg docs`, `tkg report`
+
+    docs.add_command(commands)
+    report.add_command(commands)
     return root
 
 
