@@ -30,6 +30,10 @@ class RayConfig(_Section):
     object_store_gb: float | None = Field(
         None, description="local Ray's object store in GB; null = Ray's default"
     )
+    stage_attempts: int = Field(
+        2, ge=1, description="runs of a failing stage before the build fails (Ray retries "
+        "lost workers and tasks within each)"
+    )
 
 
 class LimitsConfig(_Section):
@@ -39,6 +43,10 @@ class LimitsConfig(_Section):
     max_content_chars: int = 100_000
     max_json_depth: int = 32
     reject_payload_chars: int = 1_000
+    min_free_mb: int = Field(256, ge=0, description="free disk a build needs besides its data")
+    free_space_per_input_byte: float = Field(
+        10.0, ge=0, description="free disk needed per input byte (stage outputs + snapshot)"
+    )
 
 
 class ExtractConfig(_Section):
@@ -49,6 +57,9 @@ class ExtractConfig(_Section):
     actors: int | None = Field(None, description="extractor actors; null = one per CPU")
     max_json_depth: int = Field(3, description="nesting levels of a JSON record mapped to facts")
     max_entity_words: int = 8
+    chunk_rows: int = Field(
+        50_000, ge=1, description="episodes per resumable chunk: a resumed run skips finished ones"
+    )
 
 
 class EmbedConfig(_Section):
@@ -96,6 +107,10 @@ class ResolveConfig(_Section):
     first_names: bool = Field(
         True, description="a lone first name joins the group's only full name starting with it"
     )
+    adjudicator: str = Field(
+        "none", description="judge of undecided pairs (pipeline/adjudicate.py); none = keep apart"
+    )
+    adjudicate_batch: int = Field(20, description="pairs per adjudicator call")
 
 
 class RelationClass(_Section):
@@ -199,6 +214,25 @@ class LlmConfig(_Section):
         return expand_env(value) if isinstance(value, str) else value
 
 
+class QueryConfig(_Section):
+    """Retrieval indexes built at publish (query/index.py) and search defaults (query/).
+
+    A table with fewer than `ann_min_rows` rows gets no vector index: its vector search is
+    exact (a flat scan costs a few ms there and never misses). From `ann_min_rows` rows on
+    it gets an IVF index (`ann_index`), searched with `nprobes` partitions and exact
+    re-scoring of `refine_factor` x limit candidates, so recall stays high at millions.
+    """
+
+    ann_min_rows: int = Field(100_000, ge=1, description="rows from which a vector index is built")
+    ann_index: Literal["IVF_PQ", "IVF_SQ", "IVF_HNSW_SQ"] = "IVF_PQ"
+    ann_rows_per_partition: int = Field(4_096, ge=256, description="IVF partition size")
+    nprobes: int = Field(24, ge=1, description="IVF partitions searched per query")
+    refine_factor: int = Field(4, ge=1, description="candidates re-scored exactly, x limit")
+    recipe: str = Field("combined_hybrid_rrf", description="default search recipe")
+    limit: int = Field(10, ge=1, le=1_000, description="results per kind")
+    context_tokens: int = Field(2_000, ge=50, description="token budget of `tkg context`")
+
+
 class TkgConfig(_Section):
     """Everything a build needs besides its inputs and store."""
 
@@ -210,6 +244,7 @@ class TkgConfig(_Section):
     resolve: ResolveConfig = ResolveConfig()
     facts: FactsConfig = FactsConfig()
     llm: LlmConfig = LlmConfig()
+    query: QueryConfig = QueryConfig()
 
     @model_validator(mode="after")
     def _llm_needs_backend(self) -> TkgConfig:
