@@ -26,6 +26,7 @@ from ray.data import Dataset
 from pipeline import schema, sources, store
 from pipeline.config import TkgConfig
 from pipeline.embed import embedding_dim
+from pipeline.llm.usage import llm_summary
 from pipeline.stages import INTERNAL_EXTRACTIONS, STAGES, RunContext
 
 log = logging.getLogger("tkg.build")
@@ -192,8 +193,7 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
         "mentions": rows["mentions"],
         **_fact_counts(snapshot),
         "communities": 0,
-        "llm_calls": 0,
-        "llm_tokens": 0,
+        **llm_summary(ctx.counters, rows["episodes"]),
         "seconds": {**seconds, "publish": 0.0},
     }
     runs = pa.concat_tables([store.previous_runs(store_dir), _run_row(ctx, summary, started_at)])
@@ -265,7 +265,8 @@ def _run_row(ctx: RunContext, summary: dict[str, Any], started_at: datetime) -> 
     row.update(
         status="succeeded", config_hash=ctx.config.fingerprint(),
         inputs=[str(f) for f in ctx.files], started_at=started_at, finished_at=store.now(),
-        llm_prompt_tokens=0, llm_completion_tokens=0,
+        llm_prompt_tokens=summary["llm_prompt_tokens"],
+        llm_completion_tokens=summary["llm_completion_tokens"],
         stage_seconds=list(summary["seconds"].items()),
     )
     return pa.Table.from_pylist([row], schema=schema.RUNS)

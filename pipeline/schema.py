@@ -194,6 +194,10 @@ EXTRACTIONS = pa.schema(
         ("facts", pa.list_(EXTRACTED_FACT)),
         ("error", pa.string()),
         ("raw_output", pa.string()),
+        ("llm_calls", pa.int64()),  # LLM extraction: calls and tokens this episode cost
+        ("llm_prompt_tokens", pa.int64()),
+        ("llm_completion_tokens", pa.int64()),
+        ("llm_retries", pa.int64()),
     ]
 )
 

@@ -24,7 +24,9 @@ from pipeline import facts, resolve, schema, sources
 from pipeline.config import TkgConfig
 from pipeline.embed import EmbedColumn
 from pipeline.extract import EpisodeInput, build_extractor
+from pipeline.extract.llm import dataset_extractor
 from pipeline.extract.records import record_text
+from pipeline.llm.usage import count_llm
 
 
 @dataclass
@@ -205,6 +207,7 @@ class ExtractBatch:
                 "entities": [vars(e) for e in result.entities],
                 "facts": [vars(f) for f in result.facts],
                 "error": result.error, "raw_output": result.raw_output,
+                **{k: getattr(result, k) for k in LLM_USAGE},
             })
         return schema.from_rows(rows, schema.EXTRACTIONS)
 
@@ -223,8 +226,16 @@ def _extraction_rejects(run_id: str, created_at: datetime) -> Callable[[pa.Table
     return to_rejects
 
 
+LLM_USAGE = ("llm_calls", "llm_prompt_tokens", "llm_completion_tokens", "llm_retries")
+
+
 def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Entities and facts per episode; a failed episode stays, with no extraction, in rejects."""
+    if (dataset_extract := dataset_extractor(ctx.config)) is not None:  # vLLM on GPU actors
+        extractions = dataset_extract(inputs["episodes"], ctx.config).materialize()
+        return {"extractions": count_llm(ctx, extractions),
+                "extract_rejects": extractions.map_batches(
+                    _extraction_rejects(ctx.run_id, ctx.created_at), batch_format="pyarrow")}
     actors = ctx.config.extract.actors or ctx.cpus
     extractions = spread(inputs["episodes"], ctx.config.extract.batch_size).map_batches(
         ExtractBatch, fn_constructor_args=(ctx.config,), batch_format="pyarrow",
@@ -233,7 +244,7 @@ def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
     ).materialize()
     rejects = extractions.map_batches(_extraction_rejects(ctx.run_id, ctx.created_at),
                                       batch_format="pyarrow")
-    return {"extractions": extractions, "extract_rejects": rejects}
+    return {"extractions": count_llm(ctx, extractions), "extract_rejects": rejects}
 
 
 # --- resolve entities ---------------------------------------------------------------------

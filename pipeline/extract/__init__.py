@@ -8,7 +8,14 @@ from pipeline.config import TkgConfig
 from pipeline.extract.base import EpisodeInput, Extraction, Extractor
 from pipeline.extract.spacy_extractor import SpacyExtractor
 
-BACKENDS: dict[str, Callable[[TkgConfig], Extractor]] = {"spacy": SpacyExtractor}
+
+def _llm(config: TkgConfig) -> Extractor:
+    from pipeline.extract.llm import LlmExtractor
+
+    return LlmExtractor(config)
+
+
+BACKENDS: dict[str, Callable[[TkgConfig], Extractor]] = {"spacy": SpacyExtractor, "llm": _llm}
 
 __all__ = ["BACKENDS", "EpisodeInput", "Extraction", "Extractor", "build_extractor"]
 

@@ -47,6 +47,10 @@ class Extraction:
     facts: list[ExtractedFact] = field(default_factory=list)
     error: str | None = None
     raw_output: str | None = None
+    llm_calls: int = 0  # LLM backends: what this episode cost
+    llm_prompt_tokens: int = 0
+    llm_completion_tokens: int = 0
+    llm_retries: int = 0
 
     def add_entity(self, name: str, label: str, attributes: str | None = None) -> None:
         """Add an entity once (first label wins); facts refer to entities by name."""

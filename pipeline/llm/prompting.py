@@ -1,0 +1,114 @@
+"""Prompt templates are data (`prompts/*.yaml`, versioned); this module renders them.
+
+Templates use `string.Template` placeholders (`$name`), so JSON braces in a prompt need no
+escaping and a `$` inside user content is never interpreted (only the template is parsed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import UTC
+from functools import cache
+from importlib import resources
+from string import Template
+
+import yaml
+
+from pipeline.extract.base import EpisodeInput, Extraction
+from pipeline.llm.base import ChatRequest
+from pipeline.llm.schemas import EXTRACTION_SCHEMA
+
+PACKAGE = "pipeline.llm.prompts"
+MAX_RAW_ECHO = 4000  # characters of a bad answer echoed back in the retry
+
+
+@dataclass(frozen=True)
+class Prompt:
+    name: str
+    version: int
+    system: str
+    user: str
+
+    def messages(self, **values: str) -> tuple[dict[str, str], ...]:
+        """System and user messages; a missing placeholder value is a KeyError."""
+        user = Template(self.user).substitute(values)
+        system = Template(self.system).substitute(values) if self.system else ""
+        out = ({"role": "system", "content": system.strip()},) if system.strip() else ()
+        return (*out, {"role": "user", "content": user.strip()})
+
+
+@cache
+def load_prompt(name: str) -> Prompt:
+    """A template by name from the package's prompt files."""
+    path = resources.files(PACKAGE) / f"{name}.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no prompt template {name!r} in {PACKAGE}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return Prompt(name=data["name"], version=int(data["version"]), system=data.get("system")
+                  or "", user=data["user"])
+
+
+def prompt_set_version() -> str:
+    """A short hash of every template: which prompts produced a run's extractions."""
+    digest = hashlib.sha256()
+    for item in sorted(resources.files(PACKAGE).iterdir(), key=lambda p: p.name):
+        if item.name.endswith(".yaml"):
+            digest.update(item.name.encode() + item.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def _episode_values(episode: EpisodeInput, context_messages: int) -> dict[str, str]:
+    header = ""
+    if episode.kind == "message" and episode.speaker:
+        header = f"\nSpeaker: {episode.speaker}"
+    elif episode.kind == "text" and episode.title:
+        header = f"\nTitle: {episode.title}"
+    elif episode.kind == "json" and episode.source:
+        header = f"\nSource: {episode.source}"
+    context = list(episode.context)[-context_messages:] if context_messages else []
+    return {
+        "reference_time": episode.valid_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        "kind": episode.kind,
+        "header": header,
+        "context": "\n".join(f"- {line}" for line in context) or "(none)",
+        "content": episode.content,
+    }
+
+
+def extraction_request(episode: EpisodeInput, context_messages: int = 4) -> ChatRequest:
+    """The one call per episode: entities and facts together, under the output schema."""
+    messages = load_prompt("extract").messages(**_episode_values(episode, context_messages))
+    return ChatRequest(messages=messages, schema=EXTRACTION_SCHEMA, schema_name="extraction")
+
+
+def reflexion_request(episode: EpisodeInput, found: Extraction,
+                      context_messages: int = 4) -> ChatRequest:
+    """The optional second pass: what the first answer missed."""
+    so_far = {
+        "entities": [{"name": e.name, "label": e.label} for e in found.entities],
+        "facts": [{"source": f.source, "target": f.target, "relation": f.relation,
+                   "fact": f.fact} for f in found.facts],
+    }
+    values = _episode_values(episode, context_messages)
+    values["extraction"] = json.dumps(so_far, ensure_ascii=False)
+    return ChatRequest(messages=load_prompt("reflexion").messages(**values),
+                       schema=EXTRACTION_SCHEMA, schema_name="extraction")
+
+
+def retry_request(request: ChatRequest, raw: str | None, error: str) -> ChatRequest:
+    """The same request, followed by the unusable answer and what was wrong with it."""
+    echoed = (raw or "")[:MAX_RAW_ECHO]
+    follow = load_prompt("retry").messages(error=error)
+    return ChatRequest(
+        messages=(*request.messages, {"role": "assistant", "content": echoed}, *follow),
+        schema=request.schema, schema_name=request.schema_name,
+    )
+
+
+def items_request(name: str, items: list[dict], schema: dict, schema_name: str) -> ChatRequest:
+    """A batched judgement or summary: items as JSON lines under one template."""
+    lines = "\n".join(json.dumps(item, ensure_ascii=False, default=str) for item in items)
+    return ChatRequest(messages=load_prompt(name).messages(items=lines), schema=schema,
+                       schema_name=schema_name)

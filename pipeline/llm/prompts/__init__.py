@@ -1,0 +1,1 @@
+"""Prompt templates as versioned YAML data files (shipped as package data)."""

@@ -1,0 +1,60 @@
+"""LLM usage as run counters: extraction carries its calls and tokens per episode (columns
+of the extractions table, so a resumed run still knows them); driver-side judgements add
+their Usage directly. The build summary and `runs` read the counters (`llm_*`)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import pyarrow.compute as pc
+from ray.data import Dataset
+
+from pipeline.llm.base import Usage
+
+USAGE_COLUMNS = ("llm_calls", "llm_prompt_tokens", "llm_completion_tokens", "llm_retries")
+
+
+class Counts(Protocol):
+    def count(self, name: str, value: int) -> None: ...
+
+
+def count_llm(ctx: Counts, extractions: Dataset) -> Dataset:
+    """Add the per-episode usage columns of `extractions` (materialized) to the run counters.
+    Rule-based extractors cost nothing and skip the pass."""
+    if getattr(ctx, "config", None) is not None and ctx.config.extract.backend != "llm":
+        return extractions
+    totals = dict.fromkeys(USAGE_COLUMNS, 0)
+    for batch in extractions.select_columns(list(USAGE_COLUMNS)).iter_batches(
+            batch_format="pyarrow", batch_size=None):
+        for name in USAGE_COLUMNS:
+            totals[name] += int(pc.sum(batch[name]).as_py() or 0)
+    for name, value in totals.items():
+        ctx.count(name, value)
+    ctx.count("llm_calls_extract", totals["llm_calls"])
+    return extractions
+
+
+def count_usage(ctx: Counts, usage: Usage, stage: str) -> None:
+    """A driver-side LLM step's usage, in total and under the stage's own name."""
+    for name, value in usage.counters().items():
+        ctx.count(name, value)
+    ctx.count(f"llm_calls_{stage}", usage.calls)
+
+
+def llm_summary(counters: dict[str, int], episodes: int) -> dict[str, object]:
+    """The build summary's LLM figures: totals, per-stage calls, and calls per episode over
+    extraction + resolution + invalidation (communities excluded; the budget is 1.2)."""
+    calls = counters.get("llm_calls", 0)
+    budgeted = calls - counters.get("llm_calls_communities", 0)
+    return {
+        "llm_calls": calls,
+        "llm_tokens": counters.get("llm_prompt_tokens", 0)
+        + counters.get("llm_completion_tokens", 0),
+        "llm_prompt_tokens": counters.get("llm_prompt_tokens", 0),
+        "llm_completion_tokens": counters.get("llm_completion_tokens", 0),
+        "llm_retries": counters.get("llm_retries", 0),
+        "llm_calls_by_stage": {name.removeprefix("llm_calls_"): value
+                               for name, value in sorted(counters.items())
+                               if name.startswith("llm_calls_") and value},
+        "llm_calls_per_episode": round(budgeted / episodes, 3) if episodes else 0.0,
+    }
