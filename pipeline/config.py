@@ -92,17 +92,30 @@ class ResolveConfig(_Section):
         "mr", "mrs", "ms", "miss", "dr", "prof", "sir", "madam", "grandma", "grandpa",
         "aunt", "uncle",
     )
-    shingle_size: int = 3
-    minhash_bands: int = 8
-    minhash_rows: int = 4
-    min_jaccard: float = Field(0.5, description="shingle Jaccard for a spelling variant")
-    min_similarity: float = Field(0.88, description="character similarity for a variant")
+    abbreviations: dict[str, str] = Field(
+        default_factory=lambda: {
+            "intl": "international", "int'l": "international", "mfg": "manufacturing",
+            "bros": "brothers", "univ": "university", "dept": "department",
+            "assoc": "associates", "natl": "national", "svcs": "services", "hq": "headquarters",
+        },
+        description="short forms spelled out in core names, any position",
+    )
+    leading_abbreviations: dict[str, str] = Field(
+        default_factory=lambda: {"mt": "mount", "st": "saint", "ft": "fort", "pt": "port"},
+        description="short forms spelled out only as a name's first word (St. Louis, Main St)",
+    )
+    min_typo_chars: int = Field(
+        6, description="names shorter than this get no spelling-variant keys"
+    )
+    min_similarity: float = Field(
+        0.88, description="character similarity (Indel ratio) for a spelling variant"
+    )
     embedding_merge: float = Field(0.95, description="cosine at which names merge outright")
     embedding_ambiguous: float = Field(
         0.85, description="cosine from which a pair goes to the adjudicator (if any)"
     )
-    simhash_bands: int = 10
-    simhash_bits: int = 12
+    simhash_bands: int = Field(6, description="SimHash bands of name vectors; 0 = off")
+    simhash_bits: int = 16
     max_block: int = Field(200, description="names compared pairwise under one blocking key")
     first_names: bool = Field(
         True, description="a lone first name joins the group's only full name starting with it"
@@ -233,6 +246,42 @@ class QueryConfig(_Section):
     context_tokens: int = Field(2_000, ge=50, description="token budget of `tkg context`")
 
 
+class CommunitiesConfig(_Section):
+    """Label-propagation communities per group (pipeline/communities.py): what links two
+    entities, how clusters are found and named, and how incremental runs keep them."""
+
+    fact_weight: float = Field(1.0, ge=0, description="edge weight per current fact")
+    invalidated_weight: float = Field(
+        0.5, ge=0, description="multiplier for a current fact no longer valid (invalid_at set)"
+    )
+    comention_weight: float = Field(
+        0.25, ge=0, description="edge weight per episode that mentions both entities"
+    )
+    max_comention_entities: int = Field(
+        12, ge=2, description="episodes naming more entities add no co-mention edges"
+    )
+    variant: Literal["fast", "dominance", "retention"] = Field(
+        "fast", description="igraph label propagation variant"
+    )
+    seed: int = Field(0, description="seed of label propagation's random tie-breaks")
+    min_size: int = Field(3, ge=1, description="smaller clusters are no community")
+    max_iterations: int = Field(
+        10, ge=1, description="rounds of dynamic extension (chains of new entities)"
+    )
+    match_min_jaccard: float = Field(
+        0.5, gt=0, le=1, description="overlap for a refreshed community to keep an old id"
+    )
+    refresh: Literal["extend", "always"] = Field(
+        "extend", description="incremental runs: extend the previous communities, or rerun "
+        "label propagation every run"
+    )
+    summarizer: Literal["extractive"] = "extractive"
+    summary_members: int = Field(5, ge=1, description="central members in a summary")
+    summary_facts: int = Field(5, ge=0, description="facts in a summary")
+    summary_chars: int = Field(2_000, ge=100)
+    name_terms: int = Field(3, ge=1, description="distinctive terms in a community's name")
+
+
 class TkgConfig(_Section):
     """Everything a build needs besides its inputs and store."""
 
@@ -243,6 +292,7 @@ class TkgConfig(_Section):
     temporal: TemporalConfig = TemporalConfig()
     resolve: ResolveConfig = ResolveConfig()
     facts: FactsConfig = FactsConfig()
+    communities: CommunitiesConfig = CommunitiesConfig()
     llm: LlmConfig = LlmConfig()
     query: QueryConfig = QueryConfig()
 

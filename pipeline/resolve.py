@@ -2,13 +2,17 @@
 
 1. mentions -> name nodes, by (group, normalized name): every surface form that normalizes
    the same is one node (exact match);
-2. nodes -> candidate pairs, by (group, blocking key): legal-suffix-free core name, MinHash
-   LSH bands of character shingles (spelling variants), first name (a lone "Maria" and the
-   only "Maria ..." of the group), random-hyperplane bands of the name embedding; each pair
-   is decided by rules, and the undecidable ones are kept for an adjudicator (none on the
-   embedded default: they stay apart);
-3. pairs -> clusters, by group: union-find; an entity is named after its most complete
-   member and its id derives from that member, so the same input gives the same ids.
+2. nodes -> candidate pairs, by (group, blocking key): the order-free core name (legal forms,
+   honorifics and abbreviations normalized away), its one-letter deletions (spelling
+   variants: symmetric-deletion blocking finds every pair within one edit, and only those,
+   where MinHash bands either miss a third of typo pairs or pair every "James ..." with
+   every other), a first name (a lone "Maria" and the only "Maria ..." of the group),
+   random-hyperplane (SimHash) bands of the name embedding; each pair is decided by rules,
+   vectorized, and the undecidable ones are kept for an adjudicator (none on the embedded
+   default: they stay apart);
+3. pairs -> clusters, by group: connected components; an entity is named after its most
+   complete member and its id derives from that member, so the same input gives the same
+   ids.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import unicodedata
 from collections import Counter
 from datetime import datetime
 
+import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -49,13 +55,9 @@ def mention_rows(extractions: pa.Table) -> pa.Table:
     flat = pc.list_flatten(entities)
     parents = pc.list_parent_indices(entities)
     if len(flat) == 0:
-        return pa.table({
-            "group_id": pa.array([], pa.string()), "episode_id": pa.array([], pa.string()),
-            "valid_at": pa.array([], schema.TS), "name": pa.array([], pa.string()),
-            "label": pa.array([], pa.string()), "attributes": pa.array([], pa.string()),
-            "normalized": pa.array([], pa.string()),
-        })
+        return MENTION_ROWS.empty_table()
     names = pc.struct_field(flat, "name")
+    normal = {n: normalize_name(n or "") for n in pc.unique(names).to_pylist()}
     table = pa.table({
         "group_id": pc.take(extractions["group_id"], parents),
         "episode_id": pc.take(extractions["episode_id"], parents),
@@ -63,9 +65,16 @@ def mention_rows(extractions: pa.Table) -> pa.Table:
         "name": names,
         "label": pc.struct_field(flat, "label"),
         "attributes": pc.struct_field(flat, "attributes"),
-        "normalized": pa.array([normalize_name(n or "") for n in names.to_pylist()]),
-    })
+        "normalized": pa.array([normal[n] for n in names.to_pylist()], pa.string()),
+    }, schema=MENTION_ROWS)
     return table.filter(pc.not_equal(table["normalized"], ""))
+
+
+MENTION_ROWS = pa.schema([
+    ("group_id", pa.string()), ("episode_id", pa.string()), ("valid_at", schema.TS),
+    ("name", pa.string()), ("label", pa.string()), ("attributes", pa.string()),
+    ("normalized", pa.string()),
+])
 
 
 def canonical_name(names: Counter[str]) -> str:
@@ -74,54 +83,62 @@ def canonical_name(names: Counter[str]) -> str:
 
 
 def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:
-    """Mentions -> one row per entity. Mentions mapped by the resolver carry `entity_id`,
-    `root`, `evidence` and `score`; unmapped ones are grouped by normalized name (nodes)."""
-    mapped = "entity_id" in mentions.column_names
-    by_key: dict[tuple[str, str], list[dict]] = {}
-    for row in mentions.to_pylist():
-        key = row["entity_id"] if mapped else row["normalized"]
-        by_key.setdefault((row["group_id"], key), []).append(row)
-    return pa.Table.from_pylist(
-        [resolve_group(rows, created_at) for _, rows in sorted(by_key.items())],
-        schema=schema.RESOLVED_ENTITIES,
+    """Mentions -> one row per entity, vectorized (polars). Mentions mapped by the resolver
+    carry `entity_id`, `root`, `evidence` and `score`; unmapped ones are grouped by
+    normalized name (name nodes). An entity is named by `canonical_name`'s rule, its labels
+    are the specific ones (generic ones only when there are none), later attributes win."""
+    if mentions.num_rows == 0:
+        return schema.RESOLVED_ENTITIES.empty_table()
+    df = pl.from_arrow(mentions)
+    mapped = "entity_id" in df.columns
+    if not mapped:
+        df = df.with_columns(root=pl.col("normalized"), evidence=pl.lit("exact"),
+                             score=pl.lit(1.0), entity_id=pl.lit(None, pl.String))
+    keys = ["group_id", "_key"]
+    df = df.with_columns(_key=pl.col("entity_id" if mapped else "normalized")).sort(
+        [*keys, "valid_at", "episode_id"])
+    base = df.group_by(keys, maintain_order=True).agg(
+        entity_id=pl.col("entity_id").first(), normalized=pl.col("root").first(),
+        first_seen=pl.col("valid_at").first(), last_seen=pl.col("valid_at").last(),
+        mention_count=pl.col("episode_id").n_unique(),
     )
-
-
-def resolve_group(rows: list[dict], created_at: datetime) -> dict:
-    """All mentions of one entity (or one name node) -> its row, with its aliases."""
-    rows = sorted(rows, key=lambda r: (r["valid_at"], r["episode_id"]))
-    names = Counter(r["name"] for r in rows)
-    labels = sorted({r["label"] for r in rows if r["label"]} - GENERIC_LABELS) or sorted(
-        {r["label"] for r in rows if r["label"]}
-    )
-    attributes: dict = {}
-    for row in rows:  # later records win
-        if row["attributes"]:
-            attributes.update(json.loads(row["attributes"]))
-    first = rows[0]
-    group_id = first["group_id"]
-    root = first.get("root") or first["normalized"]
-    aliases: dict[str, dict] = {}
-    for row in rows:
-        aliases.setdefault(row["name"], row)
-    alias_names = sorted(aliases)
-    return {
-        "entity_id": first.get("entity_id") or schema.stable_id(group_id, "entity", root),
-        "group_id": group_id,
-        "name": canonical_name(names),
-        "normalized": root,
-        "labels": labels,
-        "summary": "",
-        "attributes": json.dumps(attributes, ensure_ascii=False, sort_keys=True, default=str),
-        "created_at": created_at,
-        "first_seen": rows[0]["valid_at"],
-        "last_seen": rows[-1]["valid_at"],
-        "mention_count": len({r["episode_id"] for r in rows}),
-        "aliases": alias_names,
-        "alias_normalized": [aliases[n]["normalized"] for n in alias_names],
-        "alias_evidence": [aliases[n].get("evidence") or "exact" for n in alias_names],
-        "alias_score": [aliases[n].get("score") or 1.0 for n in alias_names],
-    }
+    named = (df.group_by([*keys, "name"]).agg(count=pl.len())
+             .with_columns(words=pl.col("name").str.count_matches(r"\S+"),
+                           chars=pl.col("name").str.len_chars())
+             .sort([*keys, "words", "count", "chars", "name"],
+                   descending=[False, False, True, True, True, False])
+             .group_by(keys, maintain_order=True).agg(name=pl.col("name").first()))
+    labelled = df.filter(pl.col("label").is_not_null())
+    every = labelled.group_by(keys).agg(every=pl.col("label").unique().sort())
+    specific = labelled.filter(~pl.col("label").is_in(sorted(GENERIC_LABELS))).group_by(
+        keys).agg(specific=pl.col("label").unique().sort())
+    aliases = (df.group_by([*keys, "name"], maintain_order=True)
+               .agg(pl.col("normalized").first(), pl.col("evidence").first().fill_null("exact"),
+                    pl.col("score").first().fill_null(1.0))
+               .sort([*keys, "name"]).group_by(keys, maintain_order=True)
+               .agg(aliases=pl.col("name"), alias_normalized=pl.col("normalized"),
+                    alias_evidence=pl.col("evidence"), alias_score=pl.col("score")))
+    attributes: dict[tuple[str, str], dict] = {}
+    for group_id, key, text in df.filter(pl.col("attributes").is_not_null()).select(
+            [*keys, "attributes"]).iter_rows():
+        attributes.setdefault((group_id, key), {}).update(json.loads(text))
+    out = (base.join(named, on=keys, how="left").join(every, on=keys, how="left")
+           .join(specific, on=keys, how="left").join(aliases, on=keys, how="left")
+           .sort(keys))
+    rows = out.select(["group_id", "_key", "normalized", "entity_id"]).rows()
+    table = out.with_columns(
+        labels=pl.when(pl.col("specific").list.len() > 0).then(pl.col("specific"))
+        .otherwise(pl.col("every")).fill_null([]),
+        entity_id=pl.Series([entity or schema.stable_id(group_id, "entity", root)
+                             for group_id, _, root, entity in rows], dtype=pl.String),
+        attributes=pl.Series([json.dumps(attributes.get((g, k), {}), ensure_ascii=False,
+                                         sort_keys=True, default=str) for g, k, _, _ in rows],
+                             dtype=pl.String),
+        summary=pl.lit(""),
+    ).to_arrow()
+    table = table.append_column("created_at", pa.array([created_at] * table.num_rows,
+                                                       schema.TS))
+    return schema.conform(table, schema.RESOLVED_ENTITIES)
 
 
 def alias_rows(entities: pa.Table) -> pa.Table:
@@ -165,214 +182,225 @@ def node_pairs(nodes: pa.Table) -> pa.Table:
 PERSONISH = {"Person", "Speaker", "Contact", "AccountOwner", "SalesRep", "Assignee", "Owner",
              "Manager", "Author"}
 _DIGITS = re.compile(r"\d+")
-_HASH_PRIME = (1 << 61) - 1
+QUANT = 127.0  # name vectors travel with their blocking keys as int8 (cosine error < 0.01)
 KEYED_NAMES = pa.schema([
     ("group_id", pa.string()), ("key", pa.string()), ("normalized", pa.string()),
-    ("name", pa.string()), ("labels", pa.list_(pa.string())), ("mentions", pa.int64()),
-    ("vector", pa.list_(pa.float32())),
+    ("core", pa.string()), ("cls", pa.string()), ("digits", pa.string()),
+    ("mentions", pa.int64()), ("words", pa.int64()), ("lone", pa.bool_()),
+    ("personish", pa.bool_()), ("vector", pa.list_(pa.int8())),
 ])
 PAIRS = schema.RESOLUTION_PAIRS
 
 
 def core_name(normalized: str, config: ResolveConfig) -> str:
-    """The name without legal forms and honorifics: "initech inc" -> "initech",
-    "dr. sofia costa" -> "sofia costa"."""
+    """The name without legal forms and honorifics, abbreviations spelled out:
+    "initech inc" -> "initech", "dr. sofia costa" -> "sofia costa", "mt. kea" -> "mount kea"."""
     tokens = normalized.replace(",", " ").split()
     while len(tokens) > 1 and tokens[-1].strip(".") in config.legal_suffixes:
         tokens.pop()
     while len(tokens) > 1 and tokens[0].strip(".") in config.honorifics:
         tokens.pop(0)
-    return " ".join(tokens)
+    if len(tokens) > 1 and tokens[0].strip(".") in config.leading_abbreviations:
+        tokens[0] = config.leading_abbreviations[tokens[0].strip(".")]
+    return " ".join(config.abbreviations.get(t.strip("."), t) for t in tokens)
 
 
-def shingles(text: str, size: int) -> set[str]:
-    padded = f" {text} "
-    return {padded[i : i + size] for i in range(max(len(padded) - size + 1, 1))}
+def order_free(core: str) -> str:
+    """Tokens sorted: "okafor daniel" and "daniel okafor" are one key."""
+    return " ".join(sorted(core.split()))
 
 
-def _stable_hash(text: str) -> int:
-    import hashlib
-
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
-
-
-def minhash_keys(text: str, bands: int, rows: int, size: int) -> list[str]:
-    """LSH band keys of the MinHash signature of `text`'s character shingles."""
-    import numpy as np
-
-    hashes = np.array([_stable_hash(s) % _HASH_PRIME for s in shingles(text, size)],
-                      dtype=np.uint64)
-    rng = np.random.default_rng(1234)
-    count = bands * rows
-    a = rng.integers(1, 1 << 30, size=count, dtype=np.uint64)
-    b = rng.integers(0, 1 << 30, size=count, dtype=np.uint64)
-    signature = ((hashes[:, None] * a[None, :] + b[None, :]) % np.uint64(_HASH_PRIME)).min(0)
-    return [f"m{band}:" + ".".join(map(str, signature[band * rows : (band + 1) * rows]))
-            for band in range(bands)]
+def deletion_keys(text: str, min_chars: int) -> list[str]:
+    """`text` with each one letter deleted (symmetric-deletion blocking): two strings within
+    one substitution, insertion, deletion or transposition share at least one of these."""
+    if len(text) < min_chars:
+        return []
+    return sorted({text[:i] + text[i + 1:] for i in range(len(text)) if text[i] != " "})
 
 
-def simhash_keys(vector: list[float], bands: int, bits: int) -> list[str]:
-    """Random-hyperplane LSH keys: names whose vectors are close share a band key."""
-    import numpy as np
+def simhash_codes(vectors: np.ndarray, bands: int, bits: int) -> np.ndarray:
+    """Random-hyperplane LSH: one integer per band; close vectors share a band's code."""
+    planes = np.random.default_rng(4321).standard_normal((vectors.shape[1], bands * bits))
+    signs = (vectors @ planes > 0).reshape(len(vectors), bands, bits)
+    return (signs * (1 << np.arange(bits, dtype=np.int64))).sum(axis=2)
 
-    planes = np.random.default_rng(4321).standard_normal((bands * bits, len(vector)))
-    signs = (planes @ np.asarray(vector, dtype=np.float64)) > 0
-    return [f"e{band}:" + "".join("1" if s else "0" for s in signs[band * bits:(band + 1) * bits])
-            for band in range(bands)]
+
+def label_class(labels: list[str] | None) -> str:
+    """What decides compatibility: places (L), other named things (N), or generic ("")."""
+    specific = set(labels or ()) - GENERIC_LABELS
+    return "L" if "Location" in specific else ("N" if specific else "")
 
 
 def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
-    """Each name node under every blocking key it belongs to; names meet only under a key."""
-    rows = []
-    for node in nodes.to_pylist():
-        normalized = node["normalized"]
+    """Each name node under every blocking key it has; names meet only under a shared key:
+    `c:` the order-free core name (legal forms, honorifics, abbreviations, word order),
+    `d:` its one-letter deletions (spelling variants), `f:` a first name (a lone "Maria"
+    and the group's only "Maria ..."), `e<band>:` SimHash bands of the name vector."""
+    columns: dict[str, list] = {name: [] for name in KEYED_NAMES.names if name != "vector"}
+    vector_of: list[int] = []
+    has_vectors = "name_embedding" in nodes.column_names
+    groups, normalized_names = nodes["group_id"].to_pylist(), nodes["normalized"].to_pylist()
+    names, labels = nodes["name"].to_pylist(), nodes["labels"].to_pylist()
+    counts = nodes["mention_count"].to_pylist()
+    for group_id, normalized, name, node_labels, mentions in zip(
+            groups, normalized_names, names, labels, counts, strict=True):
         core = core_name(normalized, config)
-        keys = {f"c:{core}": None}
-        keys.update(dict.fromkeys(
-            minhash_keys(core, config.minhash_bands, config.minhash_rows, config.shingle_size)))
+        key_core = order_free(core)
         tokens = core.split()
-        if config.first_names and tokens and (len(tokens) == 1 or _personish(node["labels"])):
-            keys[f"f:{tokens[0]}"] = None
-        base = {"group_id": node["group_id"], "normalized": normalized, "name": node["name"],
-                "labels": node["labels"], "mentions": node["mention_count"]}
-        rows += [{**base, "key": key, "vector": None} for key in keys]
-        if node.get("name_embedding") is not None:
-            vector = list(node["name_embedding"])
-            rows += [{**base, "key": key, "vector": vector}
-                     for key in simhash_keys(vector, config.simhash_bands, config.simhash_bits)]
-    return pa.Table.from_pylist(rows, schema=KEYED_NAMES)
-
-
-def _specific(labels: list[str] | None) -> bool:
-    """Named things (people, places, records), not generic noun phrases."""
-    return bool(set(labels or ()) - GENERIC_LABELS)
-
-
-def _personish(labels: list[str] | None) -> bool:
-    return bool(set(labels or ()) & PERSONISH)
-
-
-def _compatible(a: dict, b: dict) -> bool:
-    """Record ids never merge across different numbers; people never merge with places."""
-    if _DIGITS.findall(a["normalized"]) != _DIGITS.findall(b["normalized"]):
-        return False
-    specific_a = set(a["labels"] or ()) - GENERIC_LABELS
-    specific_b = set(b["labels"] or ()) - GENERIC_LABELS
-    if not specific_a or not specific_b:
-        return True
-    return bool(specific_a & specific_b) or not (
-        ("Location" in specific_a) ^ ("Location" in specific_b))
-
-
-def _similarity(a: str, b: str) -> float:
-    from difflib import SequenceMatcher
-
-    return SequenceMatcher(None, a, b, autojunk=False).ratio()
-
-
-def decide_pair(kind: str, a: dict, b: dict, config: ResolveConfig, *, unique_full: bool = False
-                ) -> tuple[str, float, bool] | None:
-    """(evidence, score, merge?) for two names met under a key of `kind`; None if unrelated."""
-    if not _compatible(a, b):
-        return None
-    if kind == "c":
-        return "exact", 1.0, True
-    if kind == "m":
-        core_a = core_name(a["normalized"], config)
-        core_b = core_name(b["normalized"], config)
-        sa, sb = shingles(core_a, config.shingle_size), shingles(core_b, config.shingle_size)
-        jaccard = len(sa & sb) / len(sa | sb)
-        similarity = _similarity(core_a, core_b)
-        same_shape = len(core_a.split()) == len(core_b.split())
-        if jaccard >= config.min_jaccard and similarity >= config.min_similarity and same_shape:
-            return "minhash", round(similarity, 4), True
-        return None
-    if kind == "f":
-        return ("first_name", 1.0, True) if unique_full else None
-    if kind == "e":
-        import numpy as np
-
-        cosine = float(np.dot(a["vector"], b["vector"]))
-        named = _specific(a["labels"]) and _specific(b["labels"])
-        if cosine >= config.embedding_merge and named:
-            return "embedding", round(cosine, 4), True
-        if cosine >= config.embedding_ambiguous:
-            return "embedding", round(cosine, 4), False  # for the adjudicator, if any
-    return None
+        personish = bool(set(node_labels or ()) & PERSONISH)
+        lone = len(tokens) == 1 and name[:1].isupper()
+        keys = [f"c:{key_core}"]
+        keys += [f"d:{k}" for k in deletion_keys(key_core, config.min_typo_chars)]
+        if config.first_names and (lone or (len(tokens) > 1 and personish)):
+            keys.append(f"f:{tokens[0]}")
+        base = (group_id, normalized, key_core, label_class(node_labels),
+                " ".join(_DIGITS.findall(normalized)), mentions, len(tokens), lone, personish)
+        for key in keys:
+            for column, value in zip(("group_id", "normalized", "core", "cls", "digits",
+                                      "mentions", "words", "lone", "personish"), base,
+                                     strict=True):
+                columns[column].append(value)
+            columns["key"].append(key)
+            vector_of.append(-1)
+    keyed = pa.table({**columns, "vector": pa.nulls(len(vector_of), pa.list_(pa.int8()))},
+                     schema=KEYED_NAMES)
+    if not has_vectors or config.simhash_bands == 0 or nodes.num_rows == 0:
+        return keyed
+    present = pc.is_valid(nodes["name_embedding"])
+    with_vectors = nodes.filter(present)
+    if with_vectors.num_rows == 0:
+        return keyed
+    matrix = np.asarray(pc.list_flatten(with_vectors["name_embedding"]).to_numpy(),
+                        dtype=np.float32).reshape(with_vectors.num_rows, -1)
+    codes = simhash_codes(matrix, config.simhash_bands, config.simhash_bits)
+    quantized = np.clip(np.rint(matrix * QUANT), -127, 127).astype(np.int8)
+    bands = config.simhash_bands
+    take = np.repeat(np.arange(with_vectors.num_rows), bands)
+    base = blocking_keys(with_vectors.drop_columns(["name_embedding"]),
+                         config.model_copy(update={"min_typo_chars": 10**9,
+                                                   "first_names": False}))  # the c: rows
+    base = base.take(pa.array(take))
+    flat = pa.array(quantized[take].ravel(), pa.int8())
+    embedded = base.set_column(
+        base.schema.get_field_index("key"), "key",
+        pa.array([f"e{b}:{c}" for b, c in zip(np.tile(np.arange(bands), with_vectors.num_rows),
+                                              codes.ravel(), strict=True)], pa.string()))
+    embedded = embedded.set_column(
+        embedded.schema.get_field_index("vector"), "vector",
+        pa.ListArray.from_arrays(pa.array(np.arange(0, len(flat) + 1, matrix.shape[1],
+                                                    dtype=np.int32)), flat))
+    return pa.concat_tables([keyed, embedded])
 
 
 def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
-    """Pair decisions inside each (group, key) block; blocks over `max_block` names are cut
-    to their most mentioned names, so one common key never costs quadratic time."""
-    blocks: dict[tuple[str, str], list[dict]] = {}
-    for row in keyed.to_pylist():
-        blocks.setdefault((row["group_id"], row["key"]), []).append(row)
-    pairs = []
-    for (group_id, key), members in blocks.items():
-        kind = key[0]
-        members = sorted(members, key=lambda m: (-m["mentions"], m["normalized"]))
-        members = members[: config.max_block]
-        if kind == "f":  # a capitalized lone name, and the person names it could be
-            words = {m["normalized"]: len(core_name(m["normalized"], config).split())
-                     for m in members}
-            singles = [m for m in members if words[m["normalized"]] == 1
-                       and m["name"][:1].isupper()]
-            full = [m for m in members if words[m["normalized"]] > 1
-                    and _personish(m["labels"])]
-            candidates = [(s, f) for s in singles for f in full]
-            unique = len(full) == 1
-        else:
-            candidates = [(x, y) for i, x in enumerate(members) for y in members[i + 1 :]]
-            unique = False
-        for x, y in candidates:
-            decision = decide_pair(kind, x, y, config, unique_full=unique)
-            if decision:
-                a, b = sorted((x["normalized"], y["normalized"]))
-                evidence, score, merge = decision
-                pairs.append({"group_id": group_id, "a": a, "b": b, "evidence": evidence,
-                              "score": score, "merge": merge})
-    return pa.Table.from_pylist(pairs, schema=PAIRS)
+    """Pair decisions inside each (group, key) block, vectorized. Blocks over `max_block`
+    names are cut to their most mentioned names, so one common key never costs quadratic
+    time. Undecidable pairs (embedding neighbours below the merge threshold) are kept with
+    `merge` false, for an adjudicator."""
+    if keyed.num_rows == 0:
+        return PAIRS.empty_table()
+    from rapidfuzz import fuzz, process
+
+    block = ["group_id", "key"]
+    df = (pl.from_arrow(keyed).with_columns(kind=pl.col("key").str.slice(0, 1))
+          .sort([*block, "mentions", "normalized"], descending=[False, False, True, False])
+          .with_columns(rank=pl.int_range(pl.len()).over(block),
+                        size=pl.len().over(block))
+          .filter((pl.col("rank") < config.max_block) & (pl.col("size") > 1)))
+    others = df.filter(pl.col("kind") != "f")
+    pairs = others.join(others, on=block, suffix="_b").filter(
+        pl.col("normalized") < pl.col("normalized_b"))
+    first = df.filter(pl.col("kind") == "f")
+    singles = first.filter(pl.col("lone"))
+    full = first.filter(~pl.col("lone") & pl.col("personish")).with_columns(
+        fulls=pl.len().over(block))
+    named = singles.join(full, on=block, suffix="_b").filter(pl.col("fulls") == 1).drop("fulls")
+    pairs = pl.concat([pairs, named.select(pairs.columns)]).unique(
+        ["group_id", "normalized", "normalized_b", "kind"], keep="first", maintain_order=True)
+    compatible = (pl.col("digits") == pl.col("digits_b")) & (
+        (pl.col("cls") == "") | (pl.col("cls_b") == "") | (pl.col("cls") == pl.col("cls_b")))
+    pairs = pairs.filter(compatible)
+    if pairs.height == 0:
+        return PAIRS.empty_table()
+    similarity = process.cpdist(pairs["core"].to_list(), pairs["core_b"].to_list(),
+                                scorer=fuzz.ratio, workers=1) / 100.0
+    vectors = pairs.filter(pl.col("kind") == "e")
+    cosine = np.zeros(pairs.height)
+    if vectors.height:
+        a = np.stack(vectors["vector"].to_numpy()).astype(np.float32)
+        b = np.stack(vectors["vector_b"].to_numpy()).astype(np.float32)
+        cosine[(pairs["kind"] == "e").to_numpy()] = (a * b).sum(axis=1) / QUANT**2
+    named_both = (pl.col("cls") != "") & (pl.col("cls_b") != "")
+    pairs = pairs.with_columns(similarity=pl.Series(similarity), cosine=pl.Series(cosine))
+    decided = pairs.with_columns(
+        evidence=pl.when(pl.col("kind") == "c").then(pl.lit("exact"))
+        .when(pl.col("kind") == "d").then(pl.lit("spelling"))
+        .when(pl.col("kind") == "f").then(pl.lit("first_name"))
+        .otherwise(pl.lit("embedding")),
+        score=pl.when(pl.col("kind").is_in(["c", "f"])).then(pl.lit(1.0))
+        .when(pl.col("kind") == "d").then(pl.col("similarity").round(4))
+        .otherwise(pl.col("cosine").round(4)),
+        merge=pl.when(pl.col("kind").is_in(["c", "f"])).then(pl.lit(True))
+        .when(pl.col("kind") == "d").then(pl.col("similarity") >= config.min_similarity)
+        .otherwise((pl.col("cosine") >= config.embedding_merge) & named_both),
+        keep=pl.when(pl.col("kind") == "e").then(pl.col("cosine") >= config.embedding_ambiguous)
+        .when(pl.col("kind") == "d").then(pl.col("similarity") >= config.min_similarity)
+        .otherwise(pl.lit(True)),
+    ).filter(pl.col("keep"))
+    out = decided.select("group_id", a=pl.col("normalized"), b=pl.col("normalized_b"),
+                         evidence="evidence", score="score", merge="merge")
+    out = out.with_columns(a=pl.min_horizontal("a", "b"), b=pl.max_horizontal("a", "b"))
+    out = out.unique(["group_id", "a", "b", "evidence"], keep="first", maintain_order=True)
+    return schema.conform(out.sort(["group_id", "a", "b", "evidence"]).to_arrow(), PAIRS)
 
 
 ALIAS_MAP = schema.ALIAS_MAP
 
 
 def cluster(pairs: pa.Table) -> pa.Table:
-    """Union-find over merge pairs, per group; `node` self-pairs list every name, paired or
-    not. A cluster is named after its most complete member (most words, most mentioned)."""
-    weight = {(r["group_id"], r["a"]): (len(r["a"].split()), int(r["score"]), r["a"])
-              for r in pairs.filter(pc.equal(pairs["evidence"], "node")).to_pylist()}
-    parent: dict[tuple[str, str], tuple[str, str]] = {key: key for key in weight}
-    evidence_of: dict[tuple[str, str], tuple[str, float]] = {}
+    """Connected components of the merge pairs, per group (scipy, vectorized); `node`
+    self-pairs list every name, paired or not. A cluster is named after its most complete
+    member (most words, most mentioned, then alphabetical); each name keeps the evidence of
+    the first merge (in (a, b, evidence) order) that touched it."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
 
-    def find(key: tuple[str, str]) -> tuple[str, str]:
-        while parent[key] != key:
-            parent[key] = parent[parent[key]]
-            key = parent[key]
-        return key
-
-    ordered = sorted(pairs.filter(pc.field("merge")).to_pylist(),
-                     key=lambda p: (p["group_id"], p["a"], p["b"], p["evidence"]))
-    for pair in ordered:
-        a, b = (pair["group_id"], pair["a"]), (pair["group_id"], pair["b"])
-        if a not in parent or b not in parent:
-            continue
-        for node in (a, b):  # the first merge that touched a name is its evidence
-            evidence_of.setdefault(node, (pair["evidence"], pair["score"]))
-        root_a, root_b = find(a), find(b)
-        if root_a != root_b:
-            keep, join = sorted((root_a, root_b), key=lambda k: _rank(weight[k]))
-            parent[join] = keep
-    rows = []
-    for key in sorted(parent):
-        root = find(key)
-        evidence, score = ("exact", 1.0) if key == root else evidence_of[key]
-        rows.append({"group_id": key[0], "normalized": key[1], "root": root[1],
-                     "entity_id": schema.stable_id(key[0], "entity", root[1]),
-                     "evidence": evidence, "score": score})
-    return pa.Table.from_pylist(rows, schema=ALIAS_MAP)
-
-
-def _rank(weight: tuple[int, int, str]) -> tuple[int, int, str]:
-    words, mentions, normalized = weight
-    return (-words, -mentions, normalized)
+    df = pl.from_arrow(pairs)
+    nodes = (df.filter(pl.col("evidence") == "node")
+             .select("group_id", normalized=pl.col("a"), mentions=pl.col("score"))
+             .unique(["group_id", "normalized"], keep="first")
+             .sort(["group_id", "normalized"]).with_row_index("i"))
+    if nodes.height == 0:
+        return ALIAS_MAP.empty_table()
+    index = nodes.select("group_id", "normalized", "i")
+    merges = (df.filter(pl.col("merge") & (pl.col("evidence") != "node"))
+              .sort(["group_id", "a", "b", "evidence"]).with_row_index("order")
+              .join(index.rename({"normalized": "a", "i": "ia"}), on=["group_id", "a"])
+              .join(index.rename({"normalized": "b", "i": "ib"}), on=["group_id", "b"]))
+    size = nodes.height
+    graph = coo_matrix((np.ones(merges.height), (merges["ia"].to_numpy(),
+                                                 merges["ib"].to_numpy())), shape=(size, size))
+    _, component = connected_components(graph, directed=False)
+    nodes = nodes.with_columns(component=pl.Series(component),
+                               words=pl.col("normalized").str.count_matches(r"\S+"))
+    roots = (nodes.sort(["component", "words", "mentions", "normalized"],
+                        descending=[False, True, True, False])
+             .group_by("component", maintain_order=True).agg(root=pl.col("normalized").first()))
+    touched = pl.concat([
+        merges.select("order", "evidence", "score", i=pl.col("ia")),
+        merges.select("order", "evidence", "score", i=pl.col("ib")),
+    ]).sort(["i", "order"]).group_by("i", maintain_order=True).agg(
+        pl.col("evidence").first().alias("first_evidence"), pl.col("score").first().alias(
+            "first_score"))
+    out = (nodes.join(roots, on="component").join(touched, on="i", how="left")
+           .with_columns(
+               evidence=pl.when(pl.col("normalized") == pl.col("root")).then(pl.lit("exact"))
+               .otherwise(pl.col("first_evidence")),
+               score=pl.when(pl.col("normalized") == pl.col("root")).then(pl.lit(1.0))
+               .otherwise(pl.col("first_score")))
+           .sort(["group_id", "normalized"]))
+    ids = {key: schema.stable_id(key[0], "entity", key[1])
+           for key in out.select("group_id", "root").unique().rows()}
+    out = out.with_columns(entity_id=pl.Series(
+        [ids[key] for key in out.select("group_id", "root").rows()], dtype=pl.String))
+    return schema.conform(out.to_arrow(), ALIAS_MAP)

@@ -71,7 +71,7 @@ ENTITY_ALIASES = pa.schema(
         ("normalized", pa.string()),
         ("entity_id", pa.string()),
         ("merged_entity_id", pa.string()),
-        ("evidence", pa.string()),  # exact | embedding | minhash | llm
+        ("evidence", pa.string()),  # exact | spelling | first_name | embedding | llm
         ("score", pa.float64()),
         ("created_at", TS),
     ]
@@ -128,6 +128,23 @@ COMMUNITY_MEMBERS = pa.schema(
         ("group_id", pa.string()),
     ]
 )
+
+# Communities before their names are embedded, with their members (pipeline.communities);
+# `placed`: members that joined by dynamic extension in this run.
+COMMUNITY_ROWS = pa.schema(
+    [f for f in communities(1) if f.name != "name_embedding"]
+    + [pa.field("placed", pa.int64()), pa.field("members", pa.list_(pa.string()))]
+)
+# One group's graph inputs in one shuffle: `kind` says which columns a row uses
+# (entity | fact | mention | member | community).
+COMMUNITY_INPUT = pa.schema([
+    ("kind", pa.string()), ("group_id", pa.string()), ("entity_id", pa.string()),
+    ("name", pa.string()), ("summary", pa.string()), ("mention_count", pa.int64()),
+    ("source_entity_id", pa.string()), ("target_entity_id", pa.string()),
+    ("fact", pa.string()), ("n_episodes", pa.int64()), ("expired_at", TS),
+    ("invalid_at", TS), ("episode_id", pa.string()), ("community_id", pa.string()),
+    ("created_at", TS),
+])
 
 REJECTS = pa.schema(
     [
@@ -276,6 +293,9 @@ WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "entities": entities,
     "facts": facts,
     "facts_versioned": facts,
+    "community_rows": lambda _dim: COMMUNITY_ROWS,
+    "communities": communities,
+    "community_members": lambda _dim: COMMUNITY_MEMBERS,
 }
 
 

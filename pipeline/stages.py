@@ -20,13 +20,14 @@ import ray
 import ray.data
 from ray.data import ActorPoolStrategy, Dataset
 
-from pipeline import facts, resolve, schema, sources
+from pipeline import communities, facts, resolve, schema, sources
 from pipeline.config import TkgConfig
 from pipeline.embed import EmbedColumn
 from pipeline.extract import EpisodeInput, build_extractor
 from pipeline.extract.llm import dataset_extractor
 from pipeline.extract.records import record_text
 from pipeline.llm.usage import count_llm
+from pipeline.resume import resumable
 
 
 @dataclass
@@ -281,13 +282,41 @@ def join_alias_map(ds: Dataset, alias_map: Dataset, ctx: RunContext, column: str
                    on=("group_id", column))
 
 
+class AdjudicateBatch:
+    """Ray Data UDF: the configured judge (built once per actor) decides undecided pairs."""
+
+    def __init__(self, config: TkgConfig) -> None:
+        from pipeline.adjudicate import build_judge
+
+        self.judge = build_judge(config)
+        self.batch_size = config.resolve.adjudicate_batch
+
+    def __call__(self, pairs: pa.Table) -> pa.Table:
+        from pipeline.adjudicate import adjudicate
+
+        return adjudicate(pairs, self.judge, self.batch_size)[0]
+
+
+def _undecided(pairs: Dataset) -> int:
+    return sum(int(pc.sum(pc.invert(batch["merge"])).as_py() or 0)
+               for batch in pairs.select_columns(["merge"]).iter_batches(batch_format="pyarrow"))
+
+
 def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
-    """Blocking keys -> pair decisions -> union-find, each a shuffle keyed by group."""
+    """Blocking keys -> pair decisions (-> adjudicator) -> connected components, each a
+    shuffle keyed by group."""
     nodes = inputs["name_vectors"]
     keyed = nodes.map_batches(resolve.blocking_keys, batch_format="pyarrow",
                               fn_args=(ctx.config.resolve,))
     pairs = shuffled(keyed, ["group_id", "key"], resolve.candidate_pairs, ctx,
                      ctx.config.resolve).materialize()
+    undecided = _undecided(pairs)
+    ctx.count("ambiguous_pairs", undecided)
+    if undecided and ctx.config.resolve.adjudicator != "none":
+        pairs = pairs.map_batches(
+            AdjudicateBatch, fn_constructor_args=(ctx.config,), batch_format="pyarrow",
+            compute=ActorPoolStrategy(size=1), num_cpus=1).materialize()
+        ctx.count("adjudicated_pairs", undecided - _undecided(pairs))
     every_node = nodes.map_batches(resolve.node_pairs, batch_format="pyarrow")
     alias_map = shuffled(pairs.union(every_node), ["group_id"], resolve.cluster, ctx
                          ).materialize()
@@ -298,8 +327,6 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
     entities = by_entity.map_batches(resolve.resolve_entities, batch_size=None,
                                      batch_format="pyarrow", fn_args=(ctx.created_at,)
                                      ).materialize()
-    undecided = pairs.filter(lambda p: not p["merge"]).count()
-    ctx.count("ambiguous_pairs", undecided)
     return {
         "resolution_pairs": pairs,
         "alias_map": alias_map,
@@ -386,11 +413,36 @@ def versions_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dat
                                         ctx.created_at)}
 
 
+def communities_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Label propagation per group (shuffled by group, one call per block). Incremental runs
+    extend the previous snapshot's communities (communities.refresh: "always" reruns it)."""
+    config = ctx.config.communities
+    parts = [inputs[name].map_batches(communities.input_rows, batch_format="pyarrow",
+                                      fn_args=(kind,))
+             for name, kind in (("entities", "entity"), ("facts_versioned", "fact"),
+                                ("mentions", "mention"))]
+    mode = "extend" if ctx.previous is not None and config.refresh == "extend" else "refresh"
+    for table, kind in (("communities", "community"), ("community_members", "member")):
+        stored = previous_table(ctx, table)
+        if stored is not None:  # a refresh matches ids against them
+            parts.append(stored.map_batches(communities.input_rows, batch_format="pyarrow",
+                                            fn_args=(kind,)))
+    rows = shuffled(parts[0].union(*parts[1:]), ["group_id"], communities.community_block, ctx,
+                    config, ctx.created_at, mode).materialize()
+    found = rows.count()
+    ctx.count("communities_extended", (rows.sum("placed") or 0) if found else 0)
+    named = embed_column(ctx, rows, "name", "name_embedding") if found else rows
+    return {"community_rows": rows, "communities": named,
+            "community_members": rows.map_batches(communities.member_rows,
+                                                  batch_format="pyarrow")}
+
+
 STAGES: tuple[Stage, ...] = (
     Stage("read", (), ("raw_episodes", "read_rejects"), read_stage),
     Stage("window", ("raw_episodes",), ("episodes", "window_rejects"), window_stage),
-    Stage("extract", ("episodes",), ("extractions", "extract_rejects"), extract_stage,
-          model=True),
+    # Chunked by a hash of episode_id, each chunk kept: a resumed run skips finished ones.
+    resumable(Stage("extract", ("episodes",), ("extractions", "extract_rejects"),
+                    extract_stage, model=True)),
     Stage("names", ("extractions",), ("name_nodes",), names_stage),
     Stage("embed_names", ("name_nodes",), ("name_vectors",), embed_names_stage, model=True),
     Stage("resolve", ("name_vectors", "extractions"),
@@ -400,5 +452,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("embed", ("episodes", "resolved_entities", "merged_facts"),
           ("episodes_embedded", "entities", "facts"), embed_stage, model=True),
     Stage("versions", ("facts",), ("facts_versioned",), versions_stage),
+    Stage("communities", ("entities", "facts_versioned", "mentions"),
+          ("community_rows", "communities", "community_members"), communities_stage),
 )
 REGISTRY: dict[str, Stage] = {stage.name: stage for stage in STAGES}

@@ -12,8 +12,7 @@ from pipeline.resolve import (
     candidate_pairs,
     cluster,
     core_name,
-    decide_pair,
-    minhash_keys,
+    deletion_keys,
     node_pairs,
     normalize_name,
 )
@@ -46,11 +45,27 @@ def test_core_names():
     assert core_name("inc", CONFIG) == "inc"
 
 
-def test_minhash_keys_are_deterministic_and_close_for_variants():
-    assert minhash_keys("okafor", 8, 4, 3) == minhash_keys("okafor", 8, 4, 3)
-    shared = set(minhash_keys("daniel okafor", 8, 4, 3)) & set(
-        minhash_keys("daniel okafur", 8, 4, 3))
-    assert shared
+def test_deletion_keys_meet_within_one_edit_only():
+    def meet(a: str, b: str) -> bool:
+        return bool({*deletion_keys(a, 6), a} & {*deletion_keys(b, 6), b})
+
+    assert meet("daniel okafor", "daniel okafur")  # substitution
+    assert meet("daniel okafor", "daniel okfor")  # deletion
+    assert meet("daniel okafor", "daniel oakfor")  # transposition
+    assert not meet("daniel okafor", "daniel okefur")
+    assert deletion_keys("li wu", 6) == []
+
+
+def test_abbreviations_and_word_order_share_the_core_key():
+    roots = resolve_names([
+        node("Mount Kavorin", ("Location",), 3), node("Mt. Kavorin", ("Location",)),
+        node("Daniel Okafor", mentions=2), node("Okafor, Daniel"), node("Dr. Daniel Okafor"),
+        node("Zephyr International Corp", ("Organization",), 2),
+        node("Zephyr Intl", ("Organization",)),
+    ])
+    assert roots["Mt. Kavorin"] == "mount kavorin"
+    assert roots["Okafor, Daniel"] == roots["Daniel Okafor"] == roots["Dr. Daniel Okafor"]
+    assert roots["Zephyr Intl"] == "zephyr international corp"
 
 
 def test_rules_merge_variants_and_keep_apart_the_rest():
@@ -81,14 +96,30 @@ def test_embedding_neighbours_merge_only_named_things_above_the_threshold():
     base[0] = 1.0
     near = base.copy()
     near[1] = 0.2
-    near /= np.linalg.norm(near)
-    a = node("NYC", ("Location",), vector=base.tolist())
-    b = node("New York City", ("Location",), vector=near.tolist())
-    assert decide_pair("e", a, b, CONFIG)[0] == "embedding"
-    assert decide_pair("e", a, b, CONFIG)[2] is True
-    concept_a = node("biggest account", ("Concept",), vector=base.tolist())
-    concept_b = node("largest account", ("Concept",), vector=near.tolist())
-    assert decide_pair("e", concept_a, concept_b, CONFIG)[2] is False
+    near /= np.linalg.norm(near)  # cosine 0.98
+    roots = resolve_names([
+        node("NYC", ("Location",), 2, vector=base.tolist()),
+        node("New York City", ("Location",), vector=near.tolist()),
+        node("biggest account", ("Concept",), 2, vector=(-base).tolist()),
+        node("largest account", ("Concept",), vector=(-near).tolist()),
+    ])
+    assert roots["NYC"] == roots["New York City"] == "new york city"
+    assert roots["biggest account"] != roots["largest account"]  # generic: adjudicator's call
+
+
+def test_ambiguous_pairs_are_kept_for_the_adjudicator():
+    base = np.zeros(8, dtype=np.float32)
+    base[0] = 1.0
+    near = base.copy()
+    near[1] = 0.5
+    near /= np.linalg.norm(near)  # cosine 0.89: between the two thresholds
+    table = pa.Table.from_pylist([
+        {"group_id": "g", "normalized": n, "name": n, "labels": ["Organization"],
+         "mention_count": 1, "name_embedding": v}
+        for n, v in (("globex", base.tolist()), ("initrode", near.tolist()))])
+    pairs = candidate_pairs(blocking_keys(table, CONFIG), CONFIG).to_pylist()
+    assert [(p["a"], p["b"], p["evidence"], p["merge"]) for p in pairs] == [
+        ("globex", "initrode", "embedding", False)]
 
 
 def test_cluster_ids_are_deterministic():
