@@ -152,6 +152,10 @@ def parser() -> argparse.ArgumentParser:
     bench_build.add_argument("--json", action="store_true")
     bench_build.set_defaults(fn=cmd_bench_build)
 
+    from query.commands import add_query_commands  # retrieval (issue 6): search, context, eval
+
+    add_query_commands(commands, benches)
+
     from jobs import docs, report  # analytics and docs (issue 8): `tkg docs`, `tkg report`
 
     docs.add_command(commands)

@@ -206,9 +206,12 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
         "config_hash": ctx.config.fingerprint(), "config": ctx.config.model_dump(),
         "embedding": {"model": ctx.config.embed.model, "dim": ctx.dim},
         "inputs": [str(f) for f in ctx.files], "tables": rows, "summary": summary,
-        "schema_version": 1,
+        "retrieval": retrieval, "schema_version": 1,
     })
     store.switch_current(store_dir, ctx.run_id)
+    from query.index import build_indexes  # retrieval indexes (LanceDB); lazy: query -> pipeline
+
+    retrieval = build_indexes(snapshot, ctx.dim, ctx.config.query)
     return BuildResult(summary=summary, snapshot=snapshot)
 
 

@@ -1,0 +1,414 @@
+"""`query.open(store)`: f(q) = constructor(rerank(search(q))) over the current snapshot.
+
+The retriever opens a snapshot once (LanceDB tables, row metadata, graph arrays) and keeps
+it until `STORE/CURRENT` changes: each call stats that one small file (and reads it only
+when its mtime or size moved), so a newly published snapshot is picked up without a
+restart and an unchanged one costs nothing. It is safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import store
+from pipeline.config import EmbedConfig, QueryConfig
+from query import rerank
+from query.context import build_context
+from query.recipes import Part, Recipe, get_recipe
+from query.search import (
+    Filters,
+    Hits,
+    Scope,
+    bfs,
+    bm25,
+    cosine,
+    entities_in_scope,
+    make_scope,
+    neighbours,
+    vectors_of,
+)
+from query.snapshot import QueryError, Snapshot, open_snapshot
+
+KINDS = ("facts", "entities", "communities", "episodes")
+ENTITY_PROVENANCE = 2  # newest episodes cited per top entity
+PROVENANCE_WEIGHTS = (1.0, 1.0, 0.5)  # episode hits, facts' sources, entities' sources
+
+
+@dataclass
+class FactHit:
+    edge_id: str
+    fact: str
+    relation: str
+    source: str | None
+    target: str | None
+    valid_at: str | None
+    invalid_at: str | None
+    score: float
+    episodes: list[str]  # source_ids of the provenance episodes, in time order
+
+
+@dataclass
+class EntityHit:
+    entity_id: str
+    name: str
+    summary: str | None
+    score: float
+
+
+@dataclass
+class CommunityHit:
+    community_id: str
+    name: str | None
+    summary: str | None
+    score: float
+
+
+@dataclass
+class EpisodeHit:
+    episode_id: str
+    source_id: str
+    content: str
+    valid_at: str | None
+    score: float
+
+
+@dataclass
+class SearchResult:
+    facts: list[FactHit] = field(default_factory=list)
+    entities: list[EntityHit] = field(default_factory=list)
+    communities: list[CommunityHit] = field(default_factory=list)
+    episodes: list[EpisodeHit] = field(default_factory=list)
+    run_id: str | None = None  # the snapshot that answered (not part of the JSON object)
+
+    def to_dict(self) -> dict[str, list[dict[str, Any]]]:
+        """Exactly the JSON object of `tkg search --json`."""
+        return {kind: [asdict(hit) for hit in getattr(self, kind)] for kind in KINDS}
+
+
+_EMBEDDERS: dict[str, Any] = {}
+_EMBEDDERS_LOCK = threading.Lock()
+
+
+def snapshot_embedder(manifest: dict[str, Any]) -> Any:
+    """The embedder the snapshot was built with (model and dim from its manifest), loaded
+    once per process."""
+    from pipeline.embed import BACKENDS
+
+    embedding = manifest.get("embedding") or {}
+    try:
+        config = EmbedConfig.model_validate(manifest["config"]["embed"])
+    except (KeyError, TypeError, ValueError):
+        config = EmbedConfig(model=embedding.get("model", EmbedConfig().model))
+    key = config.model_dump_json()
+    with _EMBEDDERS_LOCK:
+        if key not in _EMBEDDERS:
+            _EMBEDDERS[key] = BACKENDS[config.backend](config)
+    embedder = _EMBEDDERS[key]
+    if embedding.get("dim") and int(embedding["dim"]) != int(embedder.dim):
+        raise QueryError(f"the snapshot's vectors are {embedding['dim']}-d but {config.model} "
+                         f"gives {embedder.dim}-d; query with the model it was built with")
+    return embedder
+
+
+class Retriever:
+    """Search and context over a store's current snapshot (see the module docstring)."""
+
+    def __init__(self, store_dir: str | Path, embedder: Any = None,
+                 config: QueryConfig | None = None, cross_encoder: Any = None) -> None:
+        self.store = Path(store_dir)
+        self._embedder = embedder
+        self._config = config
+        self._cross_encoder = cross_encoder
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._snapshot: Snapshot | None = None
+        self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.snapshot()
+
+    # --- snapshot and models -----------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The current snapshot, reopened only when STORE/CURRENT changed."""
+        pointer = self.store / "CURRENT"
+        try:
+            info = os.stat(pointer)
+            stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
+        except FileNotFoundError:
+            stamp = None
+        if stamp is not None and stamp == self._stamp and self._snapshot is not None:
+            return self._snapshot
+        with self._lock:
+            run_id = store.current_run(self.store)
+            if self._snapshot is None or run_id != self._snapshot.run_id:
+                self._snapshot = open_snapshot(store.current_snapshot(self.store))
+                self._vectors.clear()
+            self._stamp = stamp
+            return self._snapshot
+
+    @property
+    def config(self) -> QueryConfig:
+        if self._config is None:
+            section = (self.snapshot().manifest.get("config") or {}).get("query")
+            try:
+                self._config = QueryConfig.model_validate(section or {})
+            except ValueError:
+                self._config = QueryConfig()
+        return self._config
+
+    @property
+    def embedder(self) -> Any:
+        if self._embedder is None:
+            self._embedder = snapshot_embedder(self.snapshot().manifest)
+        return self._embedder
+
+    @property
+    def cross_encoder(self) -> rerank.CrossEncoder:
+        if self._cross_encoder is None:
+            self._cross_encoder = rerank.BiEncoderSecondPass(self.embedder)
+        return self._cross_encoder
+
+    def embed(self, text: str) -> np.ndarray:
+        """The query's vector (a small LRU: eval and retries ask the same text again)."""
+        if text not in self._vectors:
+            self._vectors[text] = np.asarray(self.embedder.embed([text])[0], dtype=np.float32)
+            if len(self._vectors) > 1024:
+                self._vectors.popitem(last=False)
+        self._vectors.move_to_end(text)
+        return self._vectors[text]
+
+    # --- the query ------------------------------------------------------------------
+    def search(self, text: str, group_ids: Sequence[str] | str, recipe: str | Recipe | None = None,
+               limit: int | None = None, as_of: datetime | str | None = None,
+               known_at: datetime | str | None = None, center: str | None = None,
+               origins: Sequence[str] | None = None, conversation_id: str | None = None,
+               filters: Filters | None = None) -> SearchResult:
+        """Facts, entities, communities and episodes for `text`, within `group_ids`, as
+        the world was at `as_of` and as the store knew it at `known_at` (both: now)."""
+        if not isinstance(text, str):
+            raise QueryError("the query text must be a string")
+        snap = self.snapshot()
+        recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe or self.config.recipe)
+        limit = self.config.limit if limit is None else int(limit)
+        if not 1 <= limit <= 1_000:
+            raise QueryError(f"limit must be within 1..1000, got {limit}")
+        scope = make_scope(group_ids, as_of, known_at, filters)
+        return _Run(self, snap, recipe, scope, text, limit, center, origins,
+                    conversation_id).result()
+
+    def context(self, text: str, group_ids: Sequence[str] | str, *,
+                max_tokens: int | None = None, **search: Any) -> str:
+        """The context string for an agent (facts with date ranges, entities, communities,
+        cited episodes) within `max_tokens`."""
+        result = self.search(text, group_ids, **search)
+        return build_context(result, max_tokens or self.config.context_tokens)
+
+
+class _Run:
+    """One search: candidates per kind and method, graph expansion, rerank, hydrate."""
+
+    def __init__(self, retriever: Retriever, snap: Snapshot, recipe: Recipe, scope: Scope,
+                 text: str, limit: int, center: str | None, origins: Sequence[str] | None,
+                 conversation_id: str | None) -> None:
+        self.r, self.snap, self.recipe, self.scope = retriever, snap, recipe, scope
+        self.text, self.limit = text, limit
+        self.pool = max(recipe.candidates, limit)
+        self.center = self._entity_row(center, "center") if center else None
+        self.origins = [self._entity_row(o, "origin") for o in origins or ()]
+        self.conversation_id = conversation_id
+        self._vector: np.ndarray | None = None
+
+    def _entity_row(self, entity_id: str, what: str) -> int:
+        row = self.snap.entity_rows.get(str(entity_id), -1)
+        if not entities_in_scope(self.snap, [row], self.scope):
+            raise QueryError(f"{what} entity {entity_id!r} is not an entity of the groups "
+                             f"{', '.join(self.scope.groups)}")
+        return row
+
+    @property
+    def vector(self) -> np.ndarray:
+        if self._vector is None:
+            self._vector = self.r.embed(self.text)
+        return self._vector
+
+    def hits(self, kind: str, method: str) -> Hits:
+        table = self.snap.kinds[kind]
+        if method == "cosine":
+            return cosine(table, self.vector, self.scope, self.pool, self.r.config)
+        return bm25(table, self.text, self.scope, self.pool)
+
+    def result(self) -> SearchResult:
+        parts = {k: getattr(self.recipe, k) for k in KINDS if getattr(self.recipe, k)}
+        lists: dict[str, list[list[int]]] = {}
+        for kind, part in parts.items():
+            lists[kind] = [[r for r, _ in self.hits(kind, m)] for m in part.methods
+                           if m != "bfs"]
+        if any("bfs" in p.methods for p in parts.values()):
+            expansion = bfs(self.snap, self._seeds(lists), self.scope, self.recipe.bfs_hops,
+                            self.recipe.bfs_max_edges)
+            reached = {"facts": list(expansion.facts), "entities": list(expansion.entities)}
+            for kind, part in parts.items():
+                if "bfs" in part.methods:
+                    lists[kind].append(reached.get(kind, []))
+        ranked = {kind: self._rerank(kind, part, lists[kind])[:self.limit]
+                  for kind, part in parts.items()}
+        return self._hydrate(ranked)
+
+    def _seeds(self, lists: dict[str, list[list[int]]]) -> list[int]:
+        """Where BFS starts: the center, given origins, a conversation's recent episodes'
+        entities; without any of those, the entities of the top hits."""
+        seeds = ([self.center] if self.center is not None else []) + self.origins
+        seeds += self._conversation_entities()
+        if seeds:
+            return seeds
+        top = self.recipe.bfs_seeds
+        for kind, found in lists.items():
+            fused = [row for row, _ in rerank.rrf(found, self.recipe.rrf_k)][:top]
+            if kind == "entities":
+                seeds += fused
+            elif kind == "facts":
+                ends = np.concatenate([self.snap.fact_src[fused], self.snap.fact_tgt[fused]])
+                seeds += [int(e) for e in ends if e >= 0]
+        return list(dict.fromkeys(seeds))
+
+    def _conversation_entities(self, recent: int = 4) -> list[int]:
+        if not self.conversation_id:
+            return []
+        import pyarrow.compute as pc
+
+        episodes = self.snap.kinds["episodes"].meta
+        mask = pc.equal(episodes["conversation_id"], self.conversation_id)
+        mask = pc.and_(mask, pc.is_in(episodes["group_id"],
+                                      value_set=__import__("pyarrow").array(self.scope.groups)))
+        mask = pc.and_(mask, pc.less_equal(episodes["created_at_us"], self.scope.known_at))
+        rows = np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
+        newest = rows[np.argsort(-episodes["valid_at_us"].to_numpy()[rows])][:recent]
+        return [int(e) for e in self.snap.episode_entities.of_many(newest)]
+
+    def _rerank(self, kind: str, part: Part, found: list[list[int]]) -> Hits:
+        fused = rerank.rrf(found, self.recipe.rrf_k)
+        keys = [row for row, _ in fused][:self.pool]
+        meta = self.snap.kinds[kind].meta
+        if part.reranker == "rrf" or not keys:
+            return fused
+        if part.reranker == "mmr":
+            vectors = vectors_of(self.snap.kinds[kind], keys, self.scope)
+            keys = [k for k in keys if k in vectors]
+            return rerank.mmr(self.vector, keys, np.stack([vectors[k] for k in keys]),
+                              self.recipe.mmr_lambda, self.limit) if keys else []
+        if part.reranker == "episode_mentions":
+            counts = (meta["mention_count"] if kind == "entities" else None)
+            mentions = ({k: int(counts[k].as_py() or 0) for k in keys} if counts is not None
+                        else {k: len(meta["episode_ids"][k].as_py() or []) for k in keys}
+                        if kind == "facts" else {})
+            return rerank.episode_mentions(keys, mentions)
+        if part.reranker == "node_distance":
+            if self.center is None:
+                raise QueryError(f"recipe {self.recipe.name} ranks by distance from a center "
+                                 "entity: pass center=ENTITY_ID (--center)")
+            distances = rerank.shortest_hops(self.center, neighbours(self.snap, self.scope))
+            ends = ({k: (int(self.snap.fact_src[k]), int(self.snap.fact_tgt[k])) for k in keys}
+                    if kind == "facts" else {k: (k,) for k in keys})
+            return rerank.node_distance(keys, ends, distances)
+        texts = [passage(meta, kind, k, self.snap) for k in keys]
+        return rerank.cross_encoder(self.text, keys, texts, self.r.cross_encoder)
+
+    # --- hydration ----------------------------------------------------------------
+    def _hydrate(self, ranked: dict[str, Hits]) -> SearchResult:
+        snap = self.snap
+        result = SearchResult(run_id=snap.run_id)
+        entities = snap.kinds["entities"].meta
+        facts = snap.kinds["facts"].meta
+        fact_sources: list[int] = []
+        for row, score in ranked.get("facts", []):
+            src, tgt = int(snap.fact_src[row]), int(snap.fact_tgt[row])
+            cited = self._episode_rows(facts["episode_ids"][row].as_py() or [])
+            fact_sources += cited
+            result.facts.append(FactHit(
+                edge_id=facts["edge_id"][row].as_py(), fact=facts["fact"][row].as_py(),
+                relation=facts["relation"][row].as_py(),
+                source=entities["name"][src].as_py() if src >= 0 else None,
+                target=entities["name"][tgt].as_py() if tgt >= 0 else None,
+                valid_at=_iso(facts["valid_at"][row].as_py()),
+                invalid_at=_iso(facts["invalid_at"][row].as_py()), score=round(score, 6),
+                episodes=[self._episode_source(e) for e in cited]))
+        entity_sources: list[int] = []
+        for row, score in ranked.get("entities", []):
+            entity_sources += self._entity_episodes(row)
+            result.entities.append(EntityHit(
+                entity_id=entities["entity_id"][row].as_py(), name=entities["name"][row].as_py(),
+                summary=entities["summary"][row].as_py(), score=round(score, 6)))
+        communities = snap.kinds["communities"].meta
+        for row, score in ranked.get("communities", []):
+            result.communities.append(CommunityHit(
+                community_id=communities["community_id"][row].as_py(),
+                name=communities["name"][row].as_py(),
+                summary=communities["summary"][row].as_py(), score=round(score, 6)))
+        hits = ranked.get("episodes", [])
+        if self.recipe.provenance:
+            hits = rerank.rrf([[r for r, _ in hits], fact_sources, entity_sources],
+                              self.recipe.rrf_k, PROVENANCE_WEIGHTS)[:self.limit]
+        episodes = snap.kinds["episodes"].meta
+        for row, score in hits:
+            result.episodes.append(EpisodeHit(
+                episode_id=episodes["episode_id"][row].as_py(),
+                source_id=episodes["source_id"][row].as_py(),
+                content=episodes["content"][row].as_py() or "",
+                valid_at=_iso(episodes["valid_at"][row].as_py()), score=round(score, 6)))
+        return result
+
+    def _visible_episode(self, row: int) -> bool:
+        snap = self.snap
+        codes = [snap.groups[g] for g in self.scope.groups if g in snap.groups]
+        times = snap.kinds["episodes"].meta
+        return (int(snap.group_codes["episodes"][row]) in codes
+                and times["created_at_us"][row].as_py() <= self.scope.known_at)
+
+    def _episode_rows(self, episode_ids: list[str]) -> list[int]:
+        """Provenance episodes the scope may see, in time order."""
+        rows = [self.snap.episode_rows.get(e, -1) for e in episode_ids]
+        rows = [r for r in rows if r >= 0 and self._visible_episode(r)]
+        valid = self.snap.kinds["episodes"].meta["valid_at_us"]
+        return sorted(set(rows), key=lambda r: (valid[r].as_py(), r))
+
+    def _entity_episodes(self, row: int) -> list[int]:
+        found = []
+        for episode in self.snap.entity_episodes.of(row).tolist():
+            if self._visible_episode(episode):
+                found.append(episode)
+                if len(found) >= ENTITY_PROVENANCE:
+                    break
+        return found
+
+    def _episode_source(self, row: int) -> str:
+        return self.snap.kinds["episodes"].meta["source_id"][row].as_py()
+
+
+def passage(meta: Any, kind: str, row: int, snap: Snapshot) -> str:
+    """The full text a cross-encoder sees for one candidate."""
+    if kind == "facts":
+        names = snap.kinds["entities"].meta["name"]
+        src, tgt = int(snap.fact_src[row]), int(snap.fact_tgt[row])
+        ends = " - ".join(names[e].as_py() or "" for e in (src, tgt) if e >= 0)
+        return f"{meta['fact'][row].as_py()} ({ends})"
+    if kind in ("entities", "communities"):
+        return f"{meta['name'][row].as_py()}: {meta['summary'][row].as_py() or ''}"
+    return meta["content"][row].as_py() or ""
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
+
+
+def open(store_dir: str | Path, embedder: Any = None, config: QueryConfig | None = None,
+         cross_encoder: Any = None) -> Retriever:
+    """Open a store for retrieval (`query.open(store)`); `embedder` overrides the one in the
+    snapshot's manifest (benchmarks use a synthetic one)."""
+    return Retriever(store_dir, embedder=embedder, config=config, cross_encoder=cross_encoder)

@@ -1,0 +1,114 @@
+"""`tkg search`, `tkg context`, `tkg eval` and `tkg bench query` (registered by jobs/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def _add_query_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, help="store folder")
+    parser.add_argument("--group", action="append", required=True,
+                        help="group id to search (repeatable); nothing else is visible")
+    parser.add_argument("--query", required=True, help="the query text")
+    parser.add_argument("--limit", type=int, default=None, help="results per kind (10)")
+    parser.add_argument("--recipe", default=None, help="search recipe (combined_hybrid_rrf)")
+    parser.add_argument("--as-of", default=None, help="valid time, ISO-8601 (default: now)")
+    parser.add_argument("--known-at", default=None,
+                        help="transaction time, ISO-8601: what the store believed then")
+    parser.add_argument("--center", default=None, help="entity id for node-distance recipes")
+    parser.add_argument("--origin", action="append", default=None,
+                        help="entity id to expand from (BFS); repeatable")
+    parser.add_argument("--conversation", default=None,
+                        help="expand from the entities of this conversation's last episodes")
+
+
+def _search_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"recipe": args.recipe, "limit": args.limit, "as_of": args.as_of,
+            "known_at": args.known_at, "center": args.center, "origins": args.origin,
+            "conversation_id": args.conversation}
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    import query
+
+    result = query.open(args.store).search(args.query, args.group, **_search_kwargs(args))
+    if args.json:
+        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        return 0
+    for kind, hits in result.to_dict().items():
+        print(f"{kind}:")
+        for hit in hits:
+            text = hit.get("fact") or hit.get("name") or hit.get("content") or ""
+            print(f"  {hit['score']:.4f}  {' '.join(str(text).split())[:100]}")
+    return 0
+
+
+def cmd_context(args: argparse.Namespace) -> int:
+    import query
+
+    print(query.open(args.store).context(args.query, args.group, max_tokens=args.max_tokens,
+                                         **_search_kwargs(args)))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import query
+    from query.eval import evaluate, load_questions, print_report
+    from query.recipes import DEFAULT
+
+    retriever = query.open(args.store)
+    report = evaluate(retriever, load_questions(args.questions), args.recipe or DEFAULT,
+                      k=args.k, context_tokens=args.max_tokens or retriever.config.context_tokens)
+    if args.json:
+        print(json.dumps(report, ensure_ascii=False))
+    else:
+        print_report(report)
+    return 0
+
+
+def cmd_bench_query(args: argparse.Namespace) -> int:
+    from jobs.bench_query import bench_query, print_figures
+
+    figures = bench_query(args.facts, queries=args.queries, dim=args.dim, groups=args.groups,
+                          workdir=args.workdir, seed=args.seed)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print_figures(figures)
+    return 0
+
+
+def add_query_commands(commands: Any, benches: Any) -> None:
+    """Register the retrieval commands on the `tkg` parser."""
+    search = commands.add_parser("search", help="search the current snapshot")
+    _add_query_flags(search)
+    search.add_argument("--json", action="store_true", help="print one JSON object")
+    search.set_defaults(fn=cmd_search)
+
+    context = commands.add_parser("context", help="the context string for an agent")
+    _add_query_flags(context)
+    context.add_argument("--max-tokens", type=int, default=None, help="token budget (2000)")
+    context.add_argument("--json", action="store_true", help="(accepted; prints plain text)")
+    context.set_defaults(fn=cmd_context)
+
+    evaluation = commands.add_parser("eval", help="retrieval quality on labelled questions")
+    evaluation.add_argument("--store", required=True)
+    evaluation.add_argument("--questions", required=True, help="JSON Lines question file")
+    evaluation.add_argument("--recipe", default=None)
+    evaluation.add_argument("--k", type=int, default=10)
+    evaluation.add_argument("--max-tokens", type=int, default=None,
+                            help="context budget for answer-in-context (2000)")
+    evaluation.add_argument("--json", action="store_true")
+    evaluation.set_defaults(fn=cmd_eval)
+
+    bench = benches.add_parser("query", help="query latency on a synthetic store")
+    bench.add_argument("--facts", type=int, default=100_000)
+    bench.add_argument("--queries", type=int, default=1_000)
+    bench.add_argument("--dim", type=int, default=384)
+    bench.add_argument("--groups", type=int, default=10)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--workdir", default=None, help="keep the synthetic store here")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(fn=cmd_bench_query)

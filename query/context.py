@@ -1,0 +1,78 @@
+"""The context string of the Zep paper's template, within a token budget.
+
+Sections in order of value per token: facts with their valid-time ranges ("from - to",
+"present" while open), entities with summaries, community summaries, then the cited
+episodes (source id, time, text). Lines are added while they fit; an episode that does not
+fit whole is cut to the room left (when there is room for a useful part).
+Tokens are estimated as ceil(characters / 4), the usual rule of thumb for English BPE
+vocabularies; the budget is therefore approximate, on the safe side for prose.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+HEADER = ("FACTS, ENTITIES, COMMUNITIES and EPISODES represent relevant context to the "
+          "current conversation.")
+FACTS_INTRO = ("These are the most relevant facts and their valid date ranges. If the fact is "
+               "about an event, the event takes place during this time.\n"
+               "format: FACT (Date range: from - to)")
+ENTITIES_INTRO = "These are the most relevant entities\nENTITY_NAME: entity summary"
+COMMUNITIES_INTRO = "These are the most relevant communities (groups of related entities)"
+EPISODES_INTRO = "These are the source episodes the facts come from\n[source id, time] text"
+MIN_EPISODE_TOKENS = 16  # below this, a cut episode says too little to be worth its header
+
+
+def tokens(text: str) -> int:
+    return math.ceil(len(text) / 4)
+
+
+def date_range(valid_at: str | None, invalid_at: str | None) -> str:
+    start = _day(valid_at) if valid_at else "unknown"
+    end = _day(invalid_at) if invalid_at else "present"
+    return f"{start} - {end}"
+
+
+def _day(iso: str) -> str:
+    return iso[:10] if iso.endswith("00:00:00+00:00") else iso.replace("+00:00", "Z")
+
+
+def _sections(result: Any) -> list[tuple[str, str, list[str]]]:
+    facts = [f"  - {f.fact} (Date range: {date_range(f.valid_at, f.invalid_at)})"
+             for f in result.facts]
+    entities = [f"  - {e.name}: {e.summary or ''}".rstrip(": ") for e in result.entities]
+    communities = [f"  - {c.name or c.community_id}: {c.summary or ''}".rstrip(": ")
+                   for c in result.communities]
+    episodes = [f"  - [{e.source_id}, {_day(e.valid_at) if e.valid_at else 'undated'}] "
+                f"{' '.join(e.content.split())}" for e in result.episodes]
+    return [("FACTS", FACTS_INTRO, facts), ("ENTITIES", ENTITIES_INTRO, entities),
+            ("COMMUNITIES", COMMUNITIES_INTRO, communities),
+            ("EPISODES", EPISODES_INTRO, episodes)]
+
+
+def build_context(result: Any, max_tokens: int) -> str:
+    """The context for a `SearchResult`, at most about `max_tokens` tokens."""
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens must be positive, got {max_tokens}")
+    lines = [HEADER]
+    used = tokens(HEADER)
+    for tag, intro, items in _sections(result):
+        opening, closing = f"{intro}\n<{tag}>", f"</{tag}>"
+        frame = tokens(opening) + tokens(closing) + 2
+        if not items or used + frame >= max_tokens:
+            continue
+        body: list[str] = []
+        room = max_tokens - used - frame
+        for item in items:
+            cost = tokens(item) + 1
+            if cost <= room:
+                body.append(item)
+                room -= cost
+            elif tag == "EPISODES" and room >= MIN_EPISODE_TOKENS:
+                body.append(item[: (room - 1) * 4 - 1] + "…")
+                room = 0
+        if body:
+            lines += ["", opening, *body, closing]
+            used = max_tokens - room
+    return "\n".join(lines)

@@ -1,0 +1,247 @@
+"""Search methods over one snapshot: cosine (vector index), BM25 (native FTS) and BFS
+(graph expansion), each scoped to the caller's groups and the two timelines (DESIGN §4).
+
+Tenancy is enforced before anything runs: group ids must match the strict group_id pattern
+(anything else is refused, never quoted), and they are the only strings that enter a
+LanceDB filter. Everything else in a filter is an integer we format ourselves (times as
+microseconds, row numbers) or a value checked against a strict pattern (relations, labels).
+Query text only ever reaches the engine as data: a vector, or the terms of a MatchQuery
+(never parsed as query syntax). Filters are prefilters: the index only sees allowed rows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+
+from pipeline.config import GROUP_ID_PATTERN, QueryConfig
+from query.index import PAST
+from query.snapshot import Kind, QueryError, Snapshot
+
+RELATION_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,127}")
+LABEL_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+MAX_QUERY_CHARS = 4_000  # FTS terms beyond this add latency, not relevance
+Hits = list[tuple[int, float]]  # (row, score), best first
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Optional narrowing: fact relations, entity labels, a valid-time window."""
+
+    relations: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    valid_from: datetime | None = None  # facts/episodes with valid_at >= this
+    valid_to: datetime | None = None  # ... and valid_at <= this
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Who asks and at which point of both timelines: every method obeys it."""
+
+    groups: tuple[str, ...]
+    as_of: int  # valid time, microseconds since the epoch
+    known_at: int  # transaction time, microseconds
+    filters: Filters = field(default_factory=Filters)
+
+
+def to_micros(moment: datetime | str | None, name: str) -> int:
+    """An ISO-8601 string or datetime as UTC microseconds; None = now; no zone = UTC."""
+    if moment is None:
+        moment = datetime.now(UTC)
+    elif isinstance(moment, str):
+        try:
+            moment = datetime.fromisoformat(moment.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise QueryError(f"{name} {moment!r} is not an ISO-8601 date or time, e.g. "
+                             "2024-06-01 or 2024-06-01T12:00:00Z") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    delta = moment - datetime(1970, 1, 1, tzinfo=UTC)
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+def make_scope(group_ids: Sequence[str] | str, as_of: datetime | str | None = None,
+               known_at: datetime | str | None = None,
+               filters: Filters | None = None) -> Scope:
+    """Validate the caller's groups and filters; refuse anything outside the patterns."""
+    groups = (group_ids,) if isinstance(group_ids, str) else tuple(group_ids)
+    if not groups:
+        raise QueryError("give at least one group id (--group G)")
+    for group in groups:
+        if not isinstance(group, str) or not GROUP_ID_PATTERN.fullmatch(group):
+            raise QueryError(f"invalid group id {group!r}: group ids match [A-Za-z0-9_-]"
+                             "{1,128}")
+    filters = filters or Filters()
+    for value in filters.relations:
+        if not RELATION_PATTERN.fullmatch(value):
+            raise QueryError(f"invalid relation {value!r}: relations are SCREAMING_SNAKE_CASE")
+    for value in filters.labels:
+        if not LABEL_PATTERN.fullmatch(value):
+            raise QueryError(f"invalid label {value!r}: labels are letters, digits and _")
+    return Scope(tuple(dict.fromkeys(groups)), to_micros(as_of, "as_of"),
+                 to_micros(known_at, "known_at"), filters)
+
+
+def _quoted(values: Sequence[str]) -> str:
+    # Only values that passed a strict pattern (no quotes, no backslashes) get here.
+    return ", ".join(f"'{v}'" for v in values)
+
+
+def where(kind: str, scope: Scope) -> str:
+    """The prefilter of one kind: groups, both timelines, optional filters. `as_of` (valid
+    time) narrows facts only: an episode told later may well be the source of a fact that
+    held earlier; `known_at` (transaction time) narrows every kind."""
+    parts = [f"group_id IN ({_quoted(scope.groups)})"]
+    k, a, f = int(scope.known_at), int(scope.as_of), scope.filters
+    if kind == "facts":
+        parts += [f"created_at_us <= {k}", f"expired_at_us > {k}",
+                  f"valid_at_us <= {a}", f"invalid_at_us > {a}"]
+        if f.relations:
+            parts.append(f"relation IN ({_quoted(f.relations)})")
+    else:  # valid time is a property of facts; the rest is filtered on transaction time
+        parts.append(f"created_at_us <= {k}")
+        if kind == "entities" and f.labels:
+            parts.append(f"array_has_any(labels, [{_quoted(f.labels)}])")
+    if kind in ("facts", "episodes"):
+        if f.valid_from is not None:
+            parts.append(f"valid_at_us >= {to_micros(f.valid_from, 'valid_from')}")
+            parts.append(f"valid_at_us > {PAST}")
+        if f.valid_to is not None:
+            parts.append(f"valid_at_us <= {to_micros(f.valid_to, 'valid_to')}")
+    return " AND ".join(parts)
+
+
+def cosine(kind: Kind, vector: np.ndarray, scope: Scope, limit: int,
+           config: QueryConfig) -> Hits:
+    """Nearest rows by cosine similarity (exact below the ANN threshold, IVF above)."""
+    if kind.table is None or limit <= 0:
+        return []
+    query = (kind.table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
+             .distance_type("cosine").where(where(kind.name, scope), prefilter=True)
+             .select(["row", "_distance"]).limit(limit))
+    if kind.ann:
+        query = query.nprobes(config.nprobes).refine_factor(config.refine_factor)
+    result = query.to_arrow()
+    rows = result["row"].to_pylist()
+    return [(r, 1.0 - d) for r, d in zip(rows, result["_distance"].to_pylist(), strict=True)]
+
+
+def bm25(kind: Kind, text: str, scope: Scope, limit: int) -> Hits:
+    """BM25 over the native full-text index; the text is matched as terms, never parsed."""
+    from lancedb.query import MatchQuery
+
+    text = " ".join(text[:MAX_QUERY_CHARS].split())
+    if kind.table is None or limit <= 0 or not text:
+        return []
+    result = (kind.table.search(MatchQuery(text, "text"), query_type="fts")
+              .where(where(kind.name, scope), prefilter=True)
+              .select(["row", "_score"]).limit(limit).to_arrow())
+    return list(zip(result["row"].to_pylist(), result["_score"].to_pylist(), strict=True))
+
+
+def vectors_of(kind: Kind, rows: Sequence[int], scope: Scope) -> dict[int, np.ndarray]:
+    """Stored vectors of some rows (for MMR), still within the caller's groups."""
+    if kind.table is None or not rows:
+        return {}
+    ids = ", ".join(str(int(r)) for r in rows)
+    result = (kind.table.search().where(f"row IN ({ids}) AND {where(kind.name, scope)}")
+              .select(["row", "vector"]).limit(len(rows)).to_arrow())
+    vectors = result["vector"].combine_chunks().flatten().to_numpy().reshape(result.num_rows, -1)
+    return dict(zip(result["row"].to_pylist(), vectors, strict=True))
+
+
+def allowed_groups(snapshot: Snapshot, scope: Scope) -> np.ndarray:
+    return np.array([snapshot.groups[g] for g in scope.groups if g in snapshot.groups],
+                    dtype=np.int64)
+
+
+def live_facts(snapshot: Snapshot, facts: np.ndarray, scope: Scope) -> np.ndarray:
+    """The fact rows among `facts` that the scope may see (groups, both timelines, relation
+    and date filters): the in-memory twin of `where("facts", ...)` for graph expansion."""
+    if len(facts) == 0:
+        return facts
+    t = snapshot.fact_times
+    k, a = scope.known_at, scope.as_of
+    ok = np.isin(snapshot.group_codes["facts"][facts], allowed_groups(snapshot, scope))
+    ok &= (t["created_at_us"][facts] <= k) & (t["expired_at_us"][facts] > k)
+    ok &= (t["valid_at_us"][facts] <= a) & (t["invalid_at_us"][facts] > a)
+    f = scope.filters
+    if f.valid_from is not None:
+        ok &= (t["valid_at_us"][facts] >= to_micros(f.valid_from, "valid_from"))
+        ok &= t["valid_at_us"][facts] > PAST
+    if f.valid_to is not None:
+        ok &= t["valid_at_us"][facts] <= to_micros(f.valid_to, "valid_to")
+    if f.relations:
+        relations = snapshot.kinds["facts"].meta["relation"]
+        ok &= np.isin(np.asarray(relations.take(facts).to_pylist(), dtype=object),
+                      list(f.relations))
+    return facts[ok]
+
+
+def entities_in_scope(snapshot: Snapshot, rows: Sequence[int], scope: Scope) -> list[int]:
+    """Entity rows of the caller's groups only (origins and centers come from callers)."""
+    allowed = set(allowed_groups(snapshot, scope).tolist())
+    codes = snapshot.group_codes["entities"]
+    return [r for r in rows if 0 <= r < len(codes) and int(codes[r]) in allowed]
+
+
+@dataclass
+class Expansion:
+    """What a BFS reached: fact rows and entity rows with their hop counts, in BFS order."""
+
+    facts: dict[int, int] = field(default_factory=dict)
+    entities: dict[int, int] = field(default_factory=dict)
+
+
+def bfs(snapshot: Snapshot, origins: Sequence[int], scope: Scope, hops: int,
+        max_edges: int) -> Expansion:
+    """Breadth-first expansion over the facts the scope may see, `hops` hops from the
+    origin entities. At most `max_edges` edges are followed per hop (the best-supported
+    ones first), so a hub cannot make one query unbounded."""
+    reached = Expansion(entities={e: 0 for e in entities_in_scope(snapshot, origins, scope)})
+    frontier = np.array(list(reached.entities), dtype=np.int64)
+    support = _support(snapshot)
+    for hop in range(1, max(hops, 0) + 1):
+        if len(frontier) == 0:
+            break
+        edges = np.unique(snapshot.entity_facts.of_many(frontier))
+        edges = live_facts(snapshot, edges[~np.isin(edges, list(reached.facts))], scope)
+        if len(edges) > max_edges:
+            edges = edges[np.argsort(-support[edges], kind="stable")[:max_edges]]
+        else:
+            edges = edges[np.argsort(-support[edges], kind="stable")]
+        nxt = []
+        for edge in edges.tolist():
+            reached.facts[edge] = hop
+            for end in (int(snapshot.fact_src[edge]), int(snapshot.fact_tgt[edge])):
+                if end >= 0 and end not in reached.entities:
+                    reached.entities[end] = hop
+                    nxt.append(end)
+        frontier = np.array(nxt, dtype=np.int64)
+    return reached
+
+
+def _support(snapshot: Snapshot) -> np.ndarray:
+    """Provenance episodes per fact row (cached on the snapshot)."""
+    cached = getattr(snapshot, "_support", None)
+    if cached is None:
+        import pyarrow.compute as pc
+
+        lengths = pc.list_value_length(snapshot.kinds["facts"].meta["episode_ids"])
+        cached = pc.fill_null(lengths, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        snapshot._support = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def neighbours(snapshot: Snapshot, scope: Scope):
+    """Entity -> adjacent entities over the facts the scope may see (for node distance)."""
+    def step(node: int) -> list[int]:
+        edges = live_facts(snapshot, snapshot.entity_facts.of(node), scope)
+        ends = np.concatenate([snapshot.fact_src[edges], snapshot.fact_tgt[edges]])
+        return [int(e) for e in ends if e >= 0 and e != node]
+
+    return step

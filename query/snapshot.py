@@ -1,0 +1,149 @@
+"""One published snapshot, opened once for querying: LanceDB tables, row metadata and the
+entity graph in memory (integer arrays), so a query costs index lookups, not loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline import store
+from query.index import LANCE_DIR, SPECS, read_published
+
+
+class QueryError(ValueError):
+    """A query that cannot run as asked; the message says what to change."""
+
+
+@dataclass
+class Kind:
+    """One searchable table: its LanceDB handle and its rows without the vectors."""
+
+    name: str
+    table: Any  # lancedb Table (None when the snapshot has no rows of this kind)
+    meta: pa.Table
+    ann: bool  # has a vector index (else exact search)
+
+    @property
+    def rows(self) -> int:
+        return self.meta.num_rows
+
+
+@dataclass
+class Csr:
+    """Compressed adjacency: items of node i are `items[start[i]:start[i + 1]]`."""
+
+    start: np.ndarray
+    items: np.ndarray
+
+    @classmethod
+    def build(cls, nodes: np.ndarray, items: np.ndarray, size: int) -> Csr:
+        order = np.argsort(nodes, kind="stable")
+        start = np.searchsorted(nodes[order], np.arange(size + 1))
+        return cls(start.astype(np.int64), items[order].astype(np.int64))
+
+    def of(self, node: int) -> np.ndarray:
+        return self.items[self.start[node]:self.start[node + 1]]
+
+    def of_many(self, nodes: np.ndarray) -> np.ndarray:
+        if len(nodes) == 0:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([self.items[self.start[n]:self.start[n + 1]] for n in nodes])
+
+
+@dataclass
+class Snapshot:
+    run_id: str
+    path: Path
+    manifest: dict[str, Any]
+    kinds: dict[str, Kind]
+    groups: dict[str, int]  # group_id -> code
+    group_codes: dict[str, np.ndarray]  # kind -> group code per row
+    fact_src: np.ndarray  # entity row of each fact row's source (-1: none)
+    fact_tgt: np.ndarray
+    fact_times: dict[str, np.ndarray]  # valid_at_us, invalid_at_us, created_at_us, ...
+    entity_facts: Csr  # entity row -> fact rows touching it
+    entity_episodes: Csr  # entity row -> episode rows mentioning it (newest first)
+    episode_entities: Csr  # episode row -> entity rows it mentions
+    entity_rows: dict[str, int] = field(repr=False)
+    episode_rows: dict[str, int] = field(repr=False)
+
+    @property
+    def dim(self) -> int:
+        return int(self.manifest["embedding"]["dim"])
+
+
+def _meta(table: Any, rows: int) -> pa.Table:
+    names = [f.name for f in table.schema if f.name != "vector"]
+    data = table.search().select(names).limit(rows).to_arrow()
+    data = data.sort_by("row").combine_chunks()
+    if data.num_rows != rows or not np.array_equal(data["row"].to_numpy(),
+                                                   np.arange(rows, dtype=np.int64)):
+        raise store.StoreError("retrieval table rows are not contiguous; rebuild the snapshot")
+    return data
+
+
+def _rows_of(values: pa.ChunkedArray | pa.Array, keys: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Position of each value in `keys`, -1 where absent (vectorised, no Python loop)."""
+    index = pc.index_in(values, value_set=pa.chunked_array(keys).combine_chunks()
+                        if isinstance(keys, pa.ChunkedArray) else keys)
+    return pc.fill_null(index, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def open_snapshot(snapshot: Path) -> Snapshot:
+    """Open a published snapshot's retrieval tables (they are built at publish)."""
+    import lancedb
+
+    manifest = store.read_manifest(snapshot)
+    lance_dir = snapshot / LANCE_DIR
+    if not lance_dir.is_dir():
+        raise store.StoreError(
+            f"snapshot {snapshot.name} has no retrieval indexes ({lance_dir} is missing); "
+            "it was published before query indexes existed: rebuild it with `tkg build`")
+    db = lancedb.connect(str(lance_dir))
+    kinds: dict[str, Kind] = {}
+    for name in SPECS:
+        table = db.open_table(name)
+        rows = table.count_rows()
+        indexed = {tuple(i.columns) for i in table.list_indices()} if rows else set()
+        kinds[name] = Kind(name, table if rows else None, _meta(table, rows),
+                           ("vector",) in indexed)
+    all_groups = sorted({g for k in kinds.values()
+                         for g in pc.unique(k.meta["group_id"]).to_pylist() if g})
+    groups = {g: i for i, g in enumerate(all_groups)}
+    group_keys = pa.array(all_groups, pa.string())
+    codes = {n: _rows_of(k.meta["group_id"], group_keys) for n, k in kinds.items()}
+
+    entities, facts, episodes = kinds["entities"].meta, kinds["facts"].meta, kinds["episodes"].meta
+    n_entities = entities.num_rows
+    src = _rows_of(facts["source_entity_id"], entities["entity_id"])
+    tgt = _rows_of(facts["target_entity_id"], entities["entity_id"])
+    fact_rows = np.arange(facts.num_rows, dtype=np.int64)
+    ends = np.concatenate([src, tgt])
+    touching = np.concatenate([fact_rows, fact_rows])
+    keep = ends >= 0
+    entity_facts = Csr.build(ends[keep], touching[keep], n_entities)
+
+    mentions = read_published(snapshot, "mentions", int(manifest["embedding"]["dim"]))
+    m_episode = _rows_of(mentions["episode_id"], episodes["episode_id"])
+    m_entity = _rows_of(mentions["entity_id"], entities["entity_id"])
+    keep = (m_episode >= 0) & (m_entity >= 0)
+    m_episode, m_entity = m_episode[keep], m_entity[keep]
+    newest = np.argsort(-episodes["valid_at_us"].to_numpy()[m_episode], kind="stable")
+    entity_episodes = Csr.build(m_entity[newest], m_episode[newest], n_entities)
+    episode_entities = Csr.build(m_episode, m_entity, episodes.num_rows)
+
+    times = {c: facts[c].to_numpy() for c in facts.column_names if c.endswith("_us")}
+    return Snapshot(
+        run_id=manifest["run_id"], path=snapshot, manifest=manifest, kinds=kinds,
+        groups=groups, group_codes=codes, fact_src=src, fact_tgt=tgt, fact_times=times,
+        entity_facts=entity_facts, entity_episodes=entity_episodes,
+        episode_entities=episode_entities,
+        entity_rows=dict(zip(entities["entity_id"].to_pylist(), range(n_entities), strict=True)),
+        episode_rows=dict(zip(episodes["episode_id"].to_pylist(), range(episodes.num_rows),
+                              strict=True)),
+    )
