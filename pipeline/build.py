@@ -199,6 +199,9 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
     runs = pa.concat_tables([store.previous_runs(store_dir), _run_row(ctx, summary, started_at)])
     _write_small(runs, snapshot / "runs", schema.RUNS)
     store.build_catalog(snapshot, list(schema.PUBLISHED))
+    from query.index import build_indexes  # retrieval indexes (LanceDB); lazy: query -> pipeline
+
+    retrieval = build_indexes(snapshot, ctx.dim, ctx.config.query)
     summary["seconds"]["publish"] = round(time.perf_counter() - started, 3)
     summary["seconds_total"] = round(sum(summary["seconds"].values()), 3)
     store.write_manifest(snapshot, {
@@ -209,9 +212,6 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
         "retrieval": retrieval, "schema_version": 1,
     })
     store.switch_current(store_dir, ctx.run_id)
-    from query.index import build_indexes  # retrieval indexes (LanceDB); lazy: query -> pipeline
-
-    retrieval = build_indexes(snapshot, ctx.dim, ctx.config.query)
     return BuildResult(summary=summary, snapshot=snapshot)
 
 
