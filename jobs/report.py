@@ -13,6 +13,7 @@ import html
 import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ def columns_of(con: duckdb.DuckDBPyConnection, table: str) -> dict[str, str]:
 def esc(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, datetime):
+        return html.escape(value.strftime("%Y-%m-%d %H:%M:%S %Z").strip())
     if isinstance(value, float):
         return f"{value:,.2f}"
     if isinstance(value, int) and not isinstance(value, bool):

@@ -3,7 +3,12 @@ runnable commands."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+from pathlib import Path
 from typing import Literal
+
+import pytest
 
 from jobs import docs
 from jobs.cli import main
@@ -49,3 +54,61 @@ def test_cli_check_and_write(tmp_path, capsys):
     assert main(["docs", "config", "--out", str(page)]) == 0
     assert page.read_text() == docs.render_config_reference()
     assert main(["docs", "config", "--out", str(page), "--check"]) == 0
+
+
+# --- README: every block marked runnable works ------------------------------------------
+
+README = docs.ROOT / "README.md"
+MARKER = "<!-- runnable -->"
+FENCE = re.compile(r"^<!-- runnable -->\n```(bash|sh|sql)\n(.*?)^```$", re.S | re.M)
+BLOCK_TIMEOUT = 180
+
+
+def runnable_blocks(text: str) -> list[tuple[str, str]]:
+    """(language, code) of each fenced block right after a `<!-- runnable -->` line."""
+    blocks = [(m.group(1), m.group(2)) for m in FENCE.finditer(text)]
+    assert len(blocks) == text.count(MARKER), "a runnable marker must precede a ```bash/sql block"
+    return blocks
+
+
+def test_runnable_marker_parsing():
+    text = (f"intro\n{MARKER}\n```bash\necho hi\n```\n\n```bash\nmake demo\n```\n"
+            f"{MARKER}\n```sql\nSELECT 1;\n```\n")
+    assert runnable_blocks(text) == [("bash", "echo hi\n"), ("sql", "SELECT 1;\n")]
+
+
+@pytest.fixture(scope="module")
+def readme_cwd(corpus_build, tmp_path_factory) -> Path:
+    """A folder that looks like the repo root, with `.tkg/demo` being the corpus store: the
+    README's commands run unchanged, and files they write land here, not in the repo."""
+    cwd = tmp_path_factory.mktemp("readme")
+    for entry in docs.ROOT.iterdir():
+        if entry.name not in (".tkg", ".git"):
+            (cwd / entry.name).symlink_to(entry)
+    (cwd / ".tkg").mkdir()
+    (cwd / ".tkg" / "demo").symlink_to(corpus_build.snapshot.parent.parent)
+    return cwd
+
+
+def test_readme_runnable_blocks(readme_cwd):
+    blocks = runnable_blocks(README.read_text())
+    assert blocks, f"README.md has no {MARKER} blocks"
+    import duckdb
+
+    from pipeline.store import connect
+
+    failures = []
+    for language, code in blocks:
+        if language == "sql":
+            with connect(readme_cwd / ".tkg" / "demo") as con:
+                for statement in filter(str.strip, code.split(";")):
+                    try:
+                        con.execute(statement).fetchall()
+                    except duckdb.Error as exc:
+                        failures.append(f"{statement.strip()}\n-> {exc}")
+            continue
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=readme_cwd,
+                              capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
+        if done.returncode != 0:
+            failures.append(f"{code}\n-> exit {done.returncode}: {done.stderr[-2000:]}")
+    assert not failures, "README commands that fail:\n\n" + "\n\n".join(failures)

@@ -1,0 +1,69 @@
+"""The notebooks run: each is executed head-less (nbclient, one kernel per notebook) against
+the session's sample-corpus store and fails on any cell error. The committed .ipynb files
+must match `notebooks/make_notebooks.py`, where their cells are written."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+TIMEOUT = 120  # seconds per cell: a kernel start costs a few seconds, cells under one
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+
+def maker():
+    spec = importlib.util.spec_from_file_location("make_notebooks",
+                                                  NOTEBOOKS / "make_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def execute(name: str, store: Path, monkeypatch) -> nbformat.NotebookNode:
+    monkeypatch.setenv("TKG_STORE", str(store))
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=TIMEOUT, kernel_name="python3",
+                                     resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
+    return nb
+
+
+def outputs(nb, kind: str) -> list:
+    return [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs
+            if kind in o.get("data", {}) or o.get("output_type") == kind]
+
+
+def text_of(nb) -> str:
+    return "\n".join(o.get("text", "") for o in outputs(nb, "stream"))
+
+
+@pytest.mark.parametrize("name", sorted(maker().NOTEBOOKS))
+def test_committed_notebooks_match_their_source(name):
+    assert (NOTEBOOKS / name).read_text() == maker().render(maker().NOTEBOOKS[name]), (
+        f"notebooks/{name} differs from make_notebooks.py: run "
+        "`.venv/bin/python notebooks/make_notebooks.py` and commit both")
+
+
+def test_analytics_notebook_runs(corpus_build, corpus_db, monkeypatch):
+    store = corpus_build.snapshot.parent.parent
+    nb = execute("analytics.ipynb", store, monkeypatch)
+    printed = text_of(nb)
+    assert f"snapshot {corpus_build.summary['run_id']}" in printed
+    # growth, labels, one fact's history, invalidations per month, seconds per stage
+    assert len(outputs(nb, "image/png")) >= 5
+    communities = corpus_db.execute("SELECT count(*) FROM communities").fetchone()[0]
+    assert ("communities: none yet" in printed) == (communities == 0)
+    rejects = corpus_db.execute("SELECT count(*) FROM rejects").fetchone()[0]
+    assert ("rejects: none yet" in printed) == (rejects == 0)
+    # the history plot is of the subject with the most facts among those with one invalidated
+    subject = corpus_db.execute("""
+        SELECT e.name FROM facts_current f JOIN entities e ON e.entity_id = f.source_entity_id
+        GROUP BY e.group_id, e.name HAVING count(*) FILTER (f.invalid_at IS NOT NULL) > 0
+        ORDER BY count(*) DESC, e.name LIMIT 1""").fetchall()[0][0]
+    assert f"history of {subject}" in printed

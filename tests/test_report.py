@@ -1,0 +1,96 @@
+"""`tkg report`: generated against the session's corpus store (every section present, counts
+exact) and against an empty snapshot (every section still renders, saying "none yet")."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from jobs import report
+from jobs.cli import main
+
+
+def section(page: str, key: str) -> str:
+    match = re.search(rf'<section id="{key}">(.*?)</section>', page, re.S)
+    assert match, f"section {key} missing"
+    return match.group(1)
+
+
+def empty_store(root: Path, run_id: str = "empty-1") -> Path:
+    """A published snapshot whose tables all exist and are empty (no Ray needed)."""
+    from pipeline import schema, store
+
+    snapshot = store.prepare_snapshot(root, run_id)
+    for table, table_schema in schema.PUBLISHED.items():
+        store.write_empty(snapshot / table, table_schema(384))
+    store.build_catalog(snapshot, list(schema.PUBLISHED))
+    store.write_manifest(snapshot, {"run_id": run_id, "created_at": "2026-01-01T00:00:00+00:00",
+                                    "embedding": {"model": "m", "dim": 384}, "summary": {}})
+    store.switch_current(root, run_id)
+    return root
+
+
+def test_report_on_corpus(corpus_build, corpus_db, tmp_path, capsys):
+    store_dir = corpus_build.snapshot.parent.parent
+    out = tmp_path / "report.html"
+    assert main(["report", "--store", str(store_dir), "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    page = out.read_text()
+    for s in report.SECTIONS:
+        assert f"<h2>{s.title}</h2>" in section(page, s.key)
+    assert "corpus-1" in page
+    # self-contained: charts inline, nothing fetched
+    assert page.count('src="data:image/png;base64,') >= 3
+    assert not re.search(r'(src|href)="https?:', page)
+    assert "<script" not in page
+
+    def count(sql: str) -> int:
+        return corpus_db.execute(sql).fetchone()[0]
+
+    counts = section(page, "counts")
+    for label, sql in (("episodes", "SELECT count(*) FROM episodes"),
+                       ("entities", "SELECT count(*) FROM entities"),
+                       ("facts_current", "SELECT count(*) FROM facts_current")):
+        assert f'<td>{label}</td><td class="num">{count(sql):,}</td>' in counts
+    assert '<td>acme</td><td class="num">131</td>' in counts  # episodes of acme
+    stages = section(page, "stages")
+    assert all(f"<td>{stage}</td>" in stages for stage in ("extract", "embed", "publish"))
+    invalidated = count("SELECT count(*) FROM facts_current WHERE invalid_at IS NOT NULL")
+    assert invalidated > 0
+    assert "invalidated per month" in section(page, "facts")
+    top = corpus_db.execute(
+        "SELECT name FROM entities ORDER BY mention_count DESC, group_id, name LIMIT 1").fetchone()
+    assert f"<td>{top[0]}</td>" in section(page, "entities")
+    rejects = count("SELECT count(*) FROM rejects")
+    assert (report.NONE_YET in section(page, "rejects")) == (rejects == 0)
+    communities = count("SELECT count(*) FROM communities")
+    assert (report.NONE_YET in section(page, "communities")) == (communities == 0)
+
+
+def test_report_on_empty_snapshot(tmp_path):
+    page = report.render_report(empty_store(tmp_path / "store"))
+    for s in report.SECTIONS:
+        body = section(page, s.key)
+        if s.key != "counts":
+            assert report.NONE_YET in body, s.key
+    assert '<td>episodes</td><td class="num">0</td>' in section(page, "counts")
+    assert "data:image/png" not in page
+
+
+def test_report_escapes_data():
+    frame = report.Frame(["name"], [("<script>alert(1)</script>",)])
+    assert "&lt;script&gt;" in report.table_html(frame)
+    assert "<script>" not in report.table_html(frame)
+
+
+def test_report_without_snapshot(tmp_path, capsys):
+    assert main(["report", "--store", str(tmp_path), "--out", str(tmp_path / "r.html")]) == 2
+    assert "no published snapshot" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("values", [[1.0, 2.5], [0.0]])
+def test_bar_chart_is_inline_png(values):
+    img = report.bar_chart([str(i) for i in range(len(values))], values, "t")
+    assert img.startswith('<img alt="chart" src="data:image/png;base64,iVBOR')
