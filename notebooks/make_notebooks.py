@@ -225,11 +225,123 @@ rejects
 ]
 
 
+RETRIEVAL_PARAMETERS = PARAMETERS + '''
+# The question, its tenant, and two moments of valid time on either side of a change.
+# The defaults fit the sample corpus (`make demo`); TKG_GROUP / TKG_QUESTION override them.
+GROUP = os.environ.get("TKG_GROUP", "acme")
+QUESTION = os.environ.get("TKG_QUESTION", "Where does Daniel Okafor live?")
+BEFORE, AFTER = "2024-03-01T00:00:00Z", "2024-12-01T00:00:00Z"
+'''
+
+RETRIEVAL = [
+    ("md", """\
+# tkg retrieval
+
+f(query) = constructor(rerank(search(query))) on a store's current snapshot, through the
+Python API `query.open(store)`: the recipes side by side, the same question asked at two
+points in valid time (`as_of`) and transaction time (`known_at`), and the context string an
+agent gets. `tkg search` / `tkg context` print the same from the command line.
+"""),
+    ("code", RETRIEVAL_PARAMETERS),
+    ("code", '''\
+import time
+
+import polars as pl
+
+import query
+from query.recipes import RECIPES
+
+retriever = query.open(STORE)  # follows STORE/CURRENT: a new snapshot is picked up by itself
+print(f"store {STORE}, snapshot {retriever.snapshot().run_id}")
+pl.DataFrame([{"recipe": r.name, "description": r.description} for r in RECIPES.values()])
+'''),
+    ("md", """\
+## Recipes side by side
+
+Each recipe is data (which methods search which kinds, how they are fused); the top facts
+each one returns for the question. The first call loads the embedding model.
+"""),
+    ("code", '''\
+SIDE_BY_SIDE = ("combined_hybrid_rrf", "facts_hybrid_rrf", "facts_hybrid_mmr",
+                "facts_episode_mentions", "combined_cross_encoder")
+columns, timings = {}, {}
+for name in SIDE_BY_SIDE:
+    started = time.perf_counter()
+    result = retriever.search(QUESTION, [GROUP], recipe=name, limit=5)
+    timings[name] = round((time.perf_counter() - started) * 1000, 1)
+    facts = [f.fact for f in result.facts] + [""] * 5
+    columns[name] = facts[:5]
+print("milliseconds per search:", timings)
+pl.Config.set_fmt_str_lengths(60)
+pl.DataFrame(columns).with_row_index("rank", offset=1)
+'''),
+    ("md", """\
+## The same question at two moments of valid time (`as_of`)
+
+What held in the world then, as the store believes now: facts whose valid range covers the
+moment. A fact that a later one invalidated shows its end date.
+"""),
+    ("code", '''\
+def show(result, label):
+    print(label)
+    for f in result.facts:
+        print(f"  {f.fact}  ({f.valid_at or '?'} - {f.invalid_at or 'present'})")
+    if not result.facts:
+        print("  (no facts)")
+
+
+for moment in (BEFORE, AFTER):
+    show(retriever.search(QUESTION, [GROUP], as_of=moment, limit=5), f"as_of {moment}")
+'''),
+    ("md", """\
+## The same question at two moments of transaction time (`known_at`)
+
+What the store believed at a moment, whatever the world did: before the first build it knew
+nothing; after each run it knew that run's versions. The moments are the store's own runs.
+"""),
+    ("code", '''\
+from datetime import timedelta
+
+from pipeline import store
+
+with store.connect(STORE) as con:
+    runs = con.sql("SELECT run_id, started_at, finished_at FROM runs ORDER BY started_at").pl()
+moments = [("before the first run", runs["started_at"][0] - timedelta(seconds=1))] + [
+    (f"after run {r['run_id']}", r["finished_at"]) for r in runs.to_dicts()]
+for label, moment in moments:
+    show(retriever.search(QUESTION, [GROUP], known_at=moment, limit=3),
+         f"known_at {label} ({moment:%Y-%m-%d %H:%M:%S})")
+'''),
+    ("md", """\
+## The context string an agent gets
+
+Facts with their date ranges, entities with summaries, community summaries and the cited
+episodes, within a token budget.
+"""),
+    ("code", '''\
+context = retriever.context(QUESTION, [GROUP], max_tokens=600)
+print(context)
+'''),
+    ("md", """\
+## Tenancy
+
+A search is scoped to the groups it names, before ranking: the same question in another
+group never sees this one's facts.
+"""),
+    ("code", '''\
+others = [g for g in retriever.snapshot().groups if g != GROUP]
+for other in others:
+    result = retriever.search(QUESTION, [other], limit=5)
+    show(result, f"group {other}")
+'''),
+]
+
+
 def notebook(cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
     made = []
     for kind, source in cells:
         cell = new_markdown_cell(source) if kind == "md" else new_code_cell(source)
-        if source is PARAMETERS:
+        if source in (PARAMETERS, RETRIEVAL_PARAMETERS):
             cell.metadata["tags"] = ["parameters"]
         made.append(cell)
     nb = new_notebook(cells=made)
@@ -247,7 +359,7 @@ def render(cells: list[tuple[str, str]]) -> str:
     return nbformat.writes(nb) + "\n"
 
 
-NOTEBOOKS = {"analytics.ipynb": ANALYTICS}
+NOTEBOOKS = {"analytics.ipynb": ANALYTICS, "retrieval.ipynb": RETRIEVAL}
 
 
 def main() -> int:
