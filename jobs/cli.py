@@ -27,6 +27,7 @@ COUNT_ROWS = (
     ("facts_current", "facts, current versions"),
     ("facts_invalidated", "facts invalidated"),
     ("communities", "communities"),
+    ("communities_extended", "entities placed in communities by extension"),
     ("llm_calls", "LLM calls"),
 )
 
@@ -155,6 +156,10 @@ def parser() -> argparse.ArgumentParser:
     from query.commands import add_query_commands  # retrieval (issue 6): search, context, eval
 
     add_query_commands(commands, benches)
+
+    from jobs.refresh_communities import add_commands  # issue 5: communities refresh / bench
+
+    add_commands(commands, benches)
 
     from jobs import docs, report  # analytics and docs (issue 8): `tkg docs`, `tkg report`
 

@@ -38,6 +38,8 @@ PUBLISH = {
     "entity_aliases": "entity_aliases",
     "mentions": "mentions",
     "facts_versioned": "facts",
+    "communities": "communities",
+    "community_members": "community_members",
 }
 CARRIED = ("episodes", INTERNAL_EXTRACTIONS)  # tables that grow: earlier rows are kept
 REJECT_OUTPUTS = ("read_rejects", "window_rejects", "extract_rejects")
@@ -167,9 +169,6 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
     rejects = pa.concat_tables([*reject_tables.values(), _previous_rejects(ctx.previous)])
     rows["rejects"] = rejects.num_rows
     _write_small(rejects, snapshot / "rejects", schema.REJECTS)
-    for table in ("communities", "community_members"):
-        store.write_empty(snapshot / table, schema.PUBLISHED[table](ctx.dim))
-        rows[table] = 0
 
     # Records not in the graph: unreadable ones and conflicting duplicate ids. Episodes whose
     # extraction failed stay in the graph (and are listed in rejects as extract_failed).
@@ -192,7 +191,8 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
         "entities": rows["entities"],
         "mentions": rows["mentions"],
         **_fact_counts(snapshot),
-        "communities": 0,
+        "communities": rows["communities"],
+        "communities_extended": ctx.counters.get("communities_extended", 0),
         **llm_summary(ctx.counters, rows["episodes"]),
         "seconds": {**seconds, "publish": 0.0},
     }

@@ -1,0 +1,264 @@
+"""`tkg communities refresh --store DIR`: rerun label propagation for every group of the
+current snapshot and publish the result as a new snapshot.
+
+Incremental builds only extend communities (a new entity joins the community most of its
+neighbours hold), so their partition drifts from what label propagation would find on the
+whole graph. This job reruns it, keeps the ids of communities whose membership mostly
+persists, and reports the drift (NMI, ARI) between the extended and the refreshed partition,
+so users can see how often a refresh is worth it. Every other table of the snapshot is
+hard-linked (or copied) into the new one; `CURRENT` switches last, atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from pipeline import communities, schema, store
+from pipeline.config import TkgConfig, load_config
+
+INPUT_COLUMNS = {
+    "entities": ["entity_id", "group_id", "name", "summary", "mention_count"],
+    "facts": ["group_id", "source_entity_id", "target_entity_id", "fact", "episode_ids",
+              "expired_at", "invalid_at"],
+    "mentions": ["episode_id", "entity_id", "group_id"],
+    "communities": ["community_id", "group_id", "name", "summary", "created_at"],
+    "community_members": ["community_id", "entity_id", "group_id"],
+}
+REPLACED = ("communities", "community_members", store.CATALOG, store.MANIFEST, "runs", "lance")
+
+
+def read_table(snapshot: Path, name: str) -> pa.Table:
+    """The columns the refresh needs of one published table (all groups)."""
+    files = sorted(str(p) for p in (snapshot / name).rglob("*.parquet"))
+    columns = INPUT_COLUMNS[name]
+    if not files:
+        return pa.table({c: pa.array([], pa.string()) for c in columns})
+    return pa.concat_tables([pq.read_table(f, columns=columns, partitioning=None)
+                             for f in files], promote_options="permissive")
+
+
+def by_group(table: pa.Table, group: str) -> pa.Table:
+    return table.filter(pc.equal(table["group_id"], group))
+
+
+def refresh_tables(tables: dict[str, pa.Table], config: TkgConfig, created_at: datetime
+                   ) -> tuple[pa.Table, dict[str, Any]]:
+    """COMMUNITY_ROWS of every group (label propagation, ids matched to the current ones)
+    and the drift report: per group and over all groups."""
+    settings = config.communities
+    summarizer = communities.build_summarizer(settings)
+    facts = tables["facts"].filter(pc.is_null(tables["facts"]["expired_at"]))
+    groups = sorted(pc.unique(tables["entities"]["group_id"]).drop_null().to_pylist())
+    rows, report = [schema.COMMUNITY_ROWS.empty_table()], {}
+    old_all, new_all, offset = [], [], 0
+    for group in groups:
+        graph = communities.build_graph(
+            group, by_group(tables["entities"], group), by_group(facts, group),
+            by_group(tables["mentions"], group), settings)
+        previous = communities.Previous(by_group(tables["communities"], group),
+                                        by_group(tables["community_members"], group))
+        result = communities.group_communities(graph, previous, settings, created_at,
+                                               "refresh", summarizer)
+        rows.append(result.rows)
+        report[group] = {"communities_before": previous.communities.num_rows,
+                         "communities": result.rows.num_rows,
+                         **communities.drift(result.previous_assign, result.assign)}
+        old_all.append(np.where(result.previous_assign >= 0,
+                                result.previous_assign + offset, -1))
+        new_all.append(np.where(result.assign >= 0, result.assign + offset, -1))
+        offset += graph.n
+    overall = (communities.drift(np.concatenate(old_all), np.concatenate(new_all))
+               if groups else {"entities": 0, "nmi": 1.0, "ari": 1.0})
+    return pa.concat_tables(rows), {"groups": report, "overall": overall}
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """Hard-link every file of `source` under `target` (copy where links are refused)."""
+    for path in source.rglob("*"):
+        if path.is_dir():
+            continue
+        dest = target / path.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, dest)
+        except OSError:
+            shutil.copy2(path, dest)
+
+
+def _embed_names(rows: pa.Table, config: TkgConfig, dim: int) -> pa.Table:
+    from pipeline.embed import build_embedder, embed_unique, to_vector_array
+
+    names = [n or "" for n in rows["name"].to_pylist()]
+    vectors = (embed_unique(build_embedder(config), names) if names
+               else np.zeros((0, dim), np.float32))
+    return rows.append_column("name_embedding", to_vector_array(vectors, dim))
+
+
+def _retrieval_index(snapshot: Path, previous: Path, table: pa.Table, config: TkgConfig,
+                     dim: int) -> dict[str, Any] | None:
+    """Link the previous snapshot's LanceDB tables and rebuild the communities one."""
+    if not (previous / "lance").is_dir():
+        return None
+    import lancedb
+
+    from query.index import LANCE_DIR, SPECS, index_table  # lazy: jobs -> query is allowed
+
+    for path in (previous / LANCE_DIR).iterdir():
+        if path.is_dir() and not path.name.startswith("communities"):
+            _link_tree(path, snapshot / LANCE_DIR / path.name)
+    db = lancedb.connect(str(snapshot / LANCE_DIR))
+    return index_table(db, SPECS["communities"], table, dim, config.query)
+
+
+def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
+                  run_id: str | None = None) -> dict[str, Any]:
+    """Refresh the communities of the current snapshot into a new snapshot; returns the
+    summary (counts, drift, seconds). Readers keep the old snapshot until CURRENT switches."""
+    store_dir = Path(store_dir)
+    previous = store.current_snapshot(store_dir)
+    manifest = store.read_manifest(previous)
+    config = config or TkgConfig.model_validate(manifest["config"])
+    dim = int(manifest["embedding"]["dim"])
+    started_at = store.now()
+    run_id = run_id or f"{started_at:%Y%m%dT%H%M%SZ}-communities"
+    seconds: dict[str, float] = {}
+
+    clock = time.perf_counter()
+    tables = {name: read_table(previous, name) for name in INPUT_COLUMNS}
+    seconds["read"] = round(time.perf_counter() - clock, 3)
+    clock = time.perf_counter()
+    rows, report = refresh_tables(tables, config, started_at)
+    seconds["label_propagation"] = round(time.perf_counter() - clock, 3)
+    clock = time.perf_counter()
+    named = schema.conform(_embed_names(rows, config, dim), schema.communities(dim))
+    seconds["embed"] = round(time.perf_counter() - clock, 3)
+
+    clock = time.perf_counter()
+    snapshot = store.prepare_snapshot(store_dir, run_id)
+    for path in previous.iterdir():
+        if path.name not in REPLACED and path.is_dir():
+            _link_tree(path, snapshot / path.name)
+    for name, table, table_schema in (
+            ("communities", named, schema.communities(dim)),
+            ("community_members", communities.member_rows(rows), schema.COMMUNITY_MEMBERS)):
+        if table.num_rows:
+            store.write_group_parts(table, snapshot / name, table_schema)
+        store.write_empty(snapshot / name, table_schema)
+    retrieval = _retrieval_index(snapshot, previous, named, config, dim)
+    extended = int(pc.sum(rows["placed"]).as_py() or 0) if rows.num_rows else 0
+    summary = {
+        **manifest.get("summary", {}), "run_id": run_id, "snapshot": str(snapshot),
+        "previous_snapshot": previous.name, "communities": rows.num_rows,
+        "communities_extended": extended, "llm_calls": 0, "llm_tokens": 0,
+        "drift": report["overall"], "drift_by_group": report["groups"],
+    }
+    runs = pa.concat_tables([store.previous_runs(store_dir), _run_row(
+        summary, config, started_at, seconds)])
+    (snapshot / "runs").mkdir(parents=True, exist_ok=True)
+    pq.write_table(runs, snapshot / "runs" / "part-00000.parquet")
+    store.write_empty(snapshot / "runs", schema.RUNS)
+    store.build_catalog(snapshot, list(schema.PUBLISHED))
+    seconds["publish"] = round(time.perf_counter() - clock, 3)
+    summary["seconds"] = seconds
+    summary["seconds_total"] = round(sum(seconds.values()), 3)
+    tables_rows = {**manifest.get("tables", {}), "communities": rows.num_rows,
+                   "community_members": sum(len(m) for m in rows["members"].to_pylist())}
+    store.write_manifest(snapshot, {
+        **manifest, "run_id": run_id, "created_at": started_at.isoformat(),
+        "config_hash": config.fingerprint(), "config": config.model_dump(),
+        "tables": tables_rows, "summary": summary, "refreshed_from": previous.name,
+        **({"retrieval": {**manifest.get("retrieval", {}), "communities": retrieval}}
+           if retrieval else {}),
+    })
+    store.switch_current(store_dir, run_id)
+    return summary
+
+
+def _run_row(summary: dict[str, Any], config: TkgConfig, started_at: datetime,
+             seconds: dict[str, float]) -> pa.Table:
+    row = {key: summary.get(key) for key in schema.RUNS.names}
+    row.update(status="succeeded", config_hash=config.fingerprint(), inputs=[],
+               started_at=started_at, finished_at=store.now(), llm_calls=0,
+               llm_prompt_tokens=0, llm_completion_tokens=0,
+               stage_seconds=[(f"communities_{k}", v) for k, v in seconds.items()])
+    return schema.from_rows([row], schema.RUNS)
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    config = load_config(args.config) if args.config else None
+    summary = refresh_store(args.store, config, run_id=args.run_id)
+    print(json.dumps(summary, default=str) if args.json else format_summary(summary))
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from jobs.bench_communities import bench_communities, print_bench
+
+    figures = bench_communities(args.nodes, args.edges, community_size=args.community_size,
+                                p_in=args.p_in, seed=args.seed, trace=args.tracemalloc)
+    print(json.dumps(figures, default=str)) if args.json else print_bench(figures)
+    return 0
+
+
+def _refresh_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", required=True, help="store folder")
+    parser.add_argument("--config", default=None,
+                        help="YAML config (default: the one the snapshot was built with)")
+    parser.add_argument("--run-id", default=None, help="id of the new snapshot")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(fn=cmd_refresh)
+
+
+def add_commands(commands: Any, benches: Any) -> None:
+    """`tkg communities refresh` and `tkg bench communities`."""
+    group = commands.add_parser("communities", help="community subgraph jobs")
+    jobs = group.add_subparsers(dest="communities", required=True)
+    _refresh_arguments(jobs.add_parser(
+        "refresh", help="rerun label propagation for every group; publish a new snapshot"))
+    bench = benches.add_parser("communities", help="label propagation, planted partition")
+    bench.add_argument("--nodes", type=int, default=1_000_000, help="entities")
+    bench.add_argument("--edges", type=int, default=5_000_000, help="facts")
+    bench.add_argument("--community-size", type=int, default=50)
+    bench.add_argument("--p-in", type=float, default=0.8, help="share of facts inside")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--tracemalloc", action="store_true",
+                       help="also trace Python allocations (slower)")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(fn=cmd_bench)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m jobs.refresh_communities --store DIR [--config YAML] [--json]`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _refresh_arguments(parser)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    drift = summary["drift"]
+    lines = [f"snapshot {summary['run_id']}: {summary['communities']} communities",
+             f"drift (extended vs refreshed, {drift['entities']} entities): "
+             f"NMI {drift['nmi']:.3f}, ARI {drift['ari']:.3f}"]
+    for group, figures in summary["drift_by_group"].items():
+        lines.append(f"  {group}: {figures['communities_before']} -> {figures['communities']}"
+                     f" communities, NMI {figures['nmi']:.3f}, ARI {figures['ari']:.3f}")
+    lines.append(f"seconds: {summary['seconds']}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

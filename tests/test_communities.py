@@ -1,0 +1,243 @@
+"""Communities: pure unit tests on hand-built Arrow tables, and the sample corpus (the
+session `corpus_build`, which runs the communities stage; no extra Ray build here)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline import communities as C
+from pipeline import schema
+from pipeline.config import CommunitiesConfig
+
+TS = pa.timestamp("us", tz="UTC")
+NOW = datetime(2024, 11, 1, tzinfo=UTC)
+CONFIG = CommunitiesConfig()
+
+
+def tables(edges: list[tuple[str, str]], *, names: dict[str, str] | None = None,
+           extra: list[str] = (), invalid: set[tuple[str, str]] = frozenset(),
+           mentions: dict[str, list[str]] | None = None) -> dict[str, pa.Table]:
+    """Entities (every endpoint plus `extra`), one current fact per edge, mentions."""
+    ids = sorted({e for pair in edges for e in pair} | set(extra))
+    names = names or {}
+    entities = pa.table({"entity_id": ids, "name": [names.get(i, i.title()) for i in ids],
+                         "mention_count": [1] * len(ids)})
+    n = len(edges)
+    facts = pa.table({
+        "source_entity_id": pa.array([a for a, _ in edges], pa.string()),
+        "target_entity_id": pa.array([b for _, b in edges], pa.string()),
+        "fact": pa.array([f"{names.get(a, a)} works with {names.get(b, b)}" for a, b in edges],
+                         pa.string()),
+        "episode_ids": pa.array([["ep"]] * n, pa.list_(pa.string())),
+        "expired_at": pa.nulls(n, TS),
+        "invalid_at": pa.array([NOW if e in invalid else None for e in edges], TS),
+    })
+    rows = [(ep, e) for ep, ents in (mentions or {}).items() for e in ents]
+    mention_table = pa.table({"episode_id": pa.array([r[0] for r in rows], pa.string()),
+                              "entity_id": pa.array([r[1] for r in rows], pa.string())})
+    return {"entities": entities, "facts": facts, "mentions": mention_table}
+
+
+def graph_of(t: dict[str, pa.Table], config: CommunitiesConfig = CONFIG) -> C.Graph:
+    return C.build_graph("g", t["entities"], t["facts"], t["mentions"], config)
+
+
+def clique(prefix: str, size: int) -> list[tuple[str, str]]:
+    return [(f"{prefix}{i}", f"{prefix}{j}") for i in range(size) for j in range(i + 1, size)]
+
+
+def partition(result: C.GroupResult) -> dict[str, str]:
+    """entity -> community id"""
+    return {e: row["community_id"] for row in result.rows.to_pylist() for e in row["members"]}
+
+
+def refresh(graph: C.Graph, previous: C.Previous | None = None) -> C.GroupResult:
+    return C.group_communities(graph, previous or C.Previous.empty(), CONFIG, NOW, "refresh")
+
+
+def as_previous(result: C.GroupResult) -> C.Previous:
+    return C.Previous(result.rows, C.member_rows(result.rows))
+
+
+# --- graph --------------------------------------------------------------------------------
+
+
+def test_graph_weights_facts_invalidated_and_comentions():
+    t = tables([("a", "b"), ("b", "a"), ("b", "c"), ("c", "c")], invalid={("b", "c")},
+               extra=["z"], mentions={"e1": ["a", "c", "a"], "e2": ["a", "c"]})
+    g = graph_of(t)
+    edges = {(g.entity_ids[int(lo)].as_py(), g.entity_ids[int(hi)].as_py()): w
+             for lo, hi, w in zip(g.lo, g.hi, g.weight, strict=True)}
+    # two facts a-b (either direction); b-c invalidated: half; a-c two co-mentioning
+    # episodes (a repeated in e1 counts once); the self-loop c-c is no edge.
+    assert edges == {("a", "b"): 2.0, ("b", "c"): 0.5, ("a", "c"): 0.5}
+    assert g.n == 4  # a, b, c and the isolated z
+
+
+def test_expired_versions_and_foreign_endpoints_are_ignored():
+    t = tables([("a", "b"), ("a", "c")])
+    facts = t["facts"]
+    expired = pa.array([None, NOW], TS)
+    t["facts"] = facts.set_column(facts.schema.get_field_index("expired_at"), "expired_at",
+                                  expired)
+    t["entities"] = t["entities"].filter(pa.array([True, True, True]))
+    g = graph_of(t)
+    assert len(g.weight) == 1 and g.weight[0] == 1.0
+    t2 = tables([("a", "b"), ("a", "x")])
+    t2["entities"] = t2["entities"].filter(pa.array([i != "x" for i in ["a", "b", "x"]]))
+    assert len(graph_of(t2).weight) == 1  # a fact to an entity of no group's table
+
+
+def test_comention_cap_skips_rosters():
+    config = CommunitiesConfig(max_comention_entities=3)
+    t = tables([], extra=list("abcd"), mentions={"roster": list("abcd"), "pair": ["a", "b"]})
+    g = graph_of(t, config)
+    assert len(g.weight) == 1 and g.weight[0] == config.comention_weight
+
+
+# --- label propagation, ids, min size -----------------------------------------------------
+
+
+def test_two_cliques_and_a_singleton():
+    edges = [*clique("a", 5), *clique("b", 5), ("a0", "b0")]
+    result = refresh(graph_of(tables(edges, extra=["lonely"])))
+    members = sorted(sorted(r["members"]) for r in result.rows.to_pylist())
+    assert members == [[f"a{i}" for i in range(5)], [f"b{i}" for i in range(5)]]
+    assert "lonely" not in partition(result)  # below min_size: no community
+    assert result.rows["size"].to_pylist() == [5, 5]
+
+
+def test_rerun_is_identical():
+    rng = np.random.default_rng(7)
+    edges = [*clique("a", 6), *clique("b", 6), *clique("c", 4)]
+    edges += [(f"a{rng.integers(6)}", f"b{rng.integers(6)}") for _ in range(3)]
+    t = tables(edges)
+    first, second = refresh(graph_of(t)), refresh(graph_of(t))
+    assert first.rows.equals(second.rows)
+
+
+def test_ids_persist_when_membership_mostly_persists():
+    before = refresh(graph_of(tables([*clique("a", 5), *clique("b", 5)])))
+    # a4 leaves its clique and joins b's; a new entity joins a's.
+    moved = [e for e in clique("a", 5) if "a4" not in e] + [("a9", f"a{i}") for i in range(4)]
+    after = refresh(graph_of(tables([*moved, *clique("b", 5),
+                                     *[("a4", f"b{i}") for i in range(5)]])),
+                    as_previous(before))
+    old, new = partition(before), partition(after)
+    assert new["a0"] == old["a0"] and new["b0"] == old["b0"]
+    assert new["a4"] == old["b0"] and new["a9"] == old["a0"]
+    created = dict(zip(after.rows["community_id"].to_pylist(),
+                       after.rows["created_at"].to_pylist(), strict=True))
+    assert created[old["a0"]] == NOW  # a kept id keeps its creation time
+
+
+def test_unmatched_cluster_gets_a_fresh_id_from_its_smallest_member():
+    result = refresh(graph_of(tables(clique("a", 3))))
+    assert result.rows["community_id"].to_pylist() == [schema.stable_id("g", "community", "a0")]
+
+
+# --- dynamic extension --------------------------------------------------------------------
+
+
+def test_extension_places_new_entities_where_a_refresh_would():
+    """Two dense groups; new entities are tied to one of them by most of their weight (one
+    via another new entity). Extension and a full refresh agree on every placement."""
+    base = [*clique("a", 6), *clique("b", 6), ("a0", "b0")]
+    before = refresh(graph_of(tables(base)))
+    new_edges = [("n1", "a1"), ("n1", "a2"), ("n1", "a3"), ("n1", "b1"),
+                 ("n2", "b2"), ("n2", "b3"), ("n2", "b4"),
+                 ("n3", "n2"), ("n3", "b5"), ("n3", "b4")]
+    graph = graph_of(tables([*base, *new_edges]))
+    extended = C.group_communities(graph, as_previous(before), CONFIG, NOW, "extend")
+    refreshed = refresh(graph, as_previous(before))
+    placed = partition(extended)
+    assert {e: placed[e] for e in ("n1", "n2", "n3")} == {
+        "n1": partition(before)["a0"], "n2": partition(before)["b0"],
+        "n3": partition(before)["b0"]}
+    assert placed == partition(refreshed)
+    assert extended.placed == 3 and sum(extended.rows["placed"].to_pylist()) == 3
+    drift = C.drift(extended.assign, refreshed.assign)
+    assert drift["nmi"] == 1.0 and drift["ari"] == 1.0
+
+
+def test_extension_rounds_are_capped_and_unchanged_text_is_kept():
+    before = refresh(graph_of(tables(clique("a", 4))))
+    chain = [("a0", "c1"), ("c1", "c2"), ("c2", "c3")]
+    graph = graph_of(tables([*clique("a", 4), *chain]))
+    one_round = CommunitiesConfig(max_iterations=1)
+    result = C.group_communities(graph, as_previous(before), one_round, NOW, "extend")
+    assert sorted(partition(result)) == ["a0", "a1", "a2", "a3", "c1"]
+    assert C.group_communities(graph, as_previous(before), CONFIG, NOW, "extend").placed == 3
+    untouched = C.group_communities(graph_of(tables(clique("a", 4))), as_previous(before),
+                                    CONFIG, NOW, "extend")
+    assert untouched.rows.select(["name", "summary"]).equals(
+        before.rows.select(["name", "summary"]))
+
+
+def test_extend_without_previous_communities_refreshes():
+    graph = graph_of(tables(clique("a", 4)))
+    extended = C.group_communities(graph, C.Previous.empty(), CONFIG, NOW, "extend")
+    assert extended.rows.equals(refresh(graph).rows)
+
+
+# --- drift --------------------------------------------------------------------------------
+
+
+def test_partition_scores_match_scikit_learn():
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        a, b = rng.integers(0, 6, 200), rng.integers(0, 4, 200)
+        b[:120] = a[:120]
+        assert C.adjusted_rand_index(a, b) == pytest.approx(metrics.adjusted_rand_score(a, b))
+        assert C.normalized_mutual_info(a, b) == pytest.approx(
+            metrics.normalized_mutual_info_score(a, b))
+    assert C.adjusted_rand_index(np.arange(5), np.arange(5) + 7) == 1.0
+
+
+# --- names and summaries ------------------------------------------------------------------
+
+
+def test_extractive_name_and_summary():
+    names = {"r": "Robert Kim", "g": "Globex Corporation", "m": "Maria Lopez",
+             "t": "Ticket T-17", "i": "Initech Inc.", "k": "Kevin Brooks", "f": "Finance"}
+    edges = [("r", "g"), ("m", "g"), ("t", "g"), ("r", "t"), ("m", "r"),
+             ("k", "i"), ("f", "i"), ("k", "f")]
+    result = refresh(graph_of(tables(edges, names=names)))
+    rows = {tuple(sorted(r["members"])): r for r in result.rows.to_pylist()}
+    globex = rows[("g", "m", "r", "t")]
+    assert globex["name"].split(", ")[0] == "Globex"  # the most frequent distinctive term
+    assert "Initech" not in globex["name"]
+    assert globex["summary"].startswith("4 members, most central: Globex Corporation, Robert Kim")
+    assert "Key facts: Robert Kim works with Globex Corporation." in globex["summary"]
+    initech = rows[("f", "i", "k")]
+    assert "Initech" in initech["name"]
+
+
+def test_distinctive_terms_prefer_terms_of_one_community():
+    top = C.distinctive_terms([["Acme Sales", "Acme Support", "Globex"],
+                               ["Acme Sales", "Initech", "Initech Inc."]], 1)
+    assert top == [["Globex"], ["Initech"]]
+
+
+def test_member_rows_flatten():
+    result = refresh(graph_of(tables(clique("a", 3))))
+    members = C.member_rows(result.rows)
+    assert members.schema == schema.COMMUNITY_MEMBERS
+    assert members["entity_id"].to_pylist() == ["a0", "a1", "a2"]
+
+
+# --- the sample corpus (built once per session, with the communities stage) --------------
+
+
+def community_of(db, group: str) -> dict[str, str]:
+    rows = db.execute(
+        "SELECT e.name, m.community_id FROM community_members m "
+        "JOIN entities e USING (entity_id, group_id) WHERE m.group_id = ?", [group]).fetchall()
+    return dict(rows)
