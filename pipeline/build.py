@@ -23,11 +23,11 @@ import ray
 import ray.data
 from ray.data import Dataset
 
-from pipeline import schema, sources, store
+from pipeline import faults, reliability, schema, sources, store
 from pipeline.config import TkgConfig
 from pipeline.embed import embedding_dim
 from pipeline.llm.usage import llm_summary
-from pipeline.stages import INTERNAL_EXTRACTIONS, STAGES, RunContext
+from pipeline.stages import INTERNAL_EXTRACTIONS, STAGES, RunContext, Stage
 
 log = logging.getLogger("tkg.build")
 SUCCESS = "_SUCCESS.json"
@@ -99,6 +99,20 @@ def _materialize(dataset: Dataset, target: Path, table_schema: pa.Schema) -> int
     return rows
 
 
+def _run_stage(ctx: RunContext, stage: Stage, outputs: dict[str, Path]) -> dict[str, int]:
+    """One attempt at a stage: read its inputs, run it, write its outputs; rows per output."""
+    inputs = {name: _read_output(outputs[name]) for name in stage.inputs}
+    inputs = faults.worker_inputs(stage.name, inputs, ctx.work_dir)
+    faults.hit("stage_error", stage.name)
+    results = stage.run(ctx, inputs)
+    rows = {}
+    for name in stage.outputs:
+        rows[name] = _materialize(results[name], ctx.work_dir / stage.name / name,
+                                  schema.WORK_TABLES[name](ctx.dim))
+        outputs[name] = ctx.work_dir / stage.name / name
+    return rows
+
+
 def run_stages(ctx: RunContext) -> dict[str, float]:
     """Run each stage not already finished in the work dir; returns seconds per stage."""
     seconds: dict[str, float] = {}
@@ -116,17 +130,13 @@ def run_stages(ctx: RunContext) -> dict[str, float]:
             continue
         started = time.perf_counter()
         before = dict(ctx.counters)
-        inputs = {name: _read_output(outputs[name]) for name in stage.inputs}
-        results = stage.run(ctx, inputs)
-        rows = {}
-        for name in stage.outputs:
-            rows[name] = _materialize(results[name], stage_dir / name,
-                                      schema.WORK_TABLES[name](ctx.dim))
-            outputs[name] = stage_dir / name
+        rows = reliability.run_stage(stage.name, ctx,
+                                     lambda stage=stage: _run_stage(ctx, stage, outputs))
         seconds[stage.name] = round(time.perf_counter() - started, 3)
         counters = {k: v - before.get(k, 0) for k, v in ctx.counters.items()}
         marker.write_text(json.dumps({"seconds": seconds[stage.name], "rows": rows,
                                       "counters": counters}))
+        faults.hit("after_stage", stage.name)
     ctx.outputs.update(outputs)
     return seconds
 
@@ -211,6 +221,7 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
         "inputs": [str(f) for f in ctx.files], "tables": rows, "summary": summary,
         "retrieval": retrieval, "schema_version": 1,
     })
+    faults.hit("before_switch")  # a crash here must leave CURRENT on the last good snapshot
     store.switch_current(store_dir, ctx.run_id)
     return BuildResult(summary=summary, snapshot=snapshot)
 
@@ -282,6 +293,7 @@ def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
     files = sources.discover(inputs)
     started_at = store.now()
     run_id = run_id or new_run_id(started_at, files)
+    reliability.preflight(store_dir, files, config)  # disk and permissions, before any work
     work = store.work_dir(store_dir, run_id)
     work.mkdir(parents=True, exist_ok=True)
     created_file = work / "created_at"
@@ -299,4 +311,5 @@ def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
     ctx = RunContext(config=config, run_id=run_id, created_at=created_at, files=files,
                      work_dir=work, dim=embedding_dim(config), cpus=cpus, previous=previous)
     seconds = run_stages(ctx)
-    return publish(ctx, store_dir, seconds, started_at)
+    with reliability.publishing(store_dir, run_id):
+        return publish(ctx, store_dir, seconds, started_at)

@@ -11,7 +11,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+# \Z, not $: "$" also matches before a trailing newline, which let "g1\n" through.
+GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 
 
 class _Section(BaseModel):

@@ -1,0 +1,77 @@
+"""Fault injection for the reliability tests: the one place that reads `TKG_FAULT`.
+
+`TKG_FAULT` holds comma-separated specs; with it unset every hook is a no-op:
+
+    after_stage:<stage>    the driver "dies" right after <stage>'s output is finished
+    extract_batch:<n>      the driver "dies" when extraction reaches chunk n (n chunks kept)
+    before_switch          the driver "dies" after the snapshot is written, before CURRENT
+    stage_error:<stage>    <stage> raises on every attempt (a stage that keeps failing)
+    worker_exit:<stage>    one Ray worker of <stage> exits hard, once (Ray retries it)
+    enospc:<point>         the disk is "full" at <point> (e.g. before_switch)
+
+A "death" is `InjectedCrash`, a BaseException: it escapes every `except Exception` the way a
+killed process escapes all cleanup, so what is left on disk is what a real crash leaves.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+
+ENV = "TKG_FAULT"
+CRASHES = frozenset({"after_stage", "extract_batch", "before_switch"})
+
+
+class InjectedCrash(BaseException):
+    """The simulated death of the driver at a fault point."""
+
+
+class InjectedError(RuntimeError):
+    """A stage failure injected by `stage_error:<stage>`."""
+
+
+def specs() -> list[tuple[str, str]]:
+    """(kind, target) pairs of `TKG_FAULT`, read at each call so tests can change it."""
+    raw = os.environ.get(ENV, "")
+    pairs = []
+    for item in filter(None, (s.strip() for s in raw.split(","))):
+        kind, _, target = item.partition(":")
+        pairs.append((kind, target))
+    return pairs
+
+
+def hit(point: str, arg: str = "") -> None:
+    """A fault point: raises when a spec names it (and its argument, when the spec has one)."""
+    for kind, target in specs():
+        if kind == "enospc" and target == point:
+            raise OSError(errno.ENOSPC, f"No space left on device (injected at {point})")
+        if kind == point and target in ("", arg):
+            if kind in CRASHES:
+                raise InjectedCrash(f"{ENV}={kind}:{target}")
+            raise InjectedError(f"injected failure ({ENV}={kind}:{target})")
+
+
+def worker_inputs(stage: str, inputs: dict, marker_dir: Path) -> dict:
+    """With `worker_exit:<stage>`, route the stage's inputs through a Ray task that kills its
+    own worker process the first time it runs; Ray reruns the task on a new worker."""
+    if ("worker_exit", stage) not in specs():
+        return inputs
+    marker = str(marker_dir / f"_worker_exit.{stage}")
+    return {name: ds.map_batches(_exit_once(marker), batch_format="pyarrow")
+            for name, ds in inputs.items()}
+
+
+def _exit_once(marker: str) -> Callable[[pa.Table], pa.Table]:
+    def maybe_exit(batch: pa.Table) -> pa.Table:
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return batch
+        os.close(fd)
+        os._exit(1)  # a worker lost mid-task, as on a preempted node
+
+    return maybe_exit

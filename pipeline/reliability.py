@@ -1,0 +1,222 @@
+"""What keeps a build boring when things go wrong: a disk check before any work, OS errors
+reported as what they are, bounded stage retries with a clear final message, a publish that
+leaves nothing half-written, and `gc` of old snapshots and finished work dirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import pyarrow.parquet as pq
+
+from pipeline import store
+from pipeline.config import TkgConfig
+from pipeline.faults import InjectedCrash
+
+log = logging.getLogger("tkg.reliability")
+T = TypeVar("T")
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+NO_PERMISSION = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+ADVICE = {
+    "disk": "the disk is full: free space (`tkg gc --store {store} --keep 1` removes old "
+            "snapshots) or use a store on a bigger disk",
+    "permission": "permission denied: make {store} writable by this user, or pass another "
+                  "--store",
+}
+
+
+class StageFailed(RuntimeError):
+    """A stage failed on every attempt; the message says which, why and how to resume."""
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc`, also when Ray wrapped it in a task error."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc
+        exc = getattr(exc, "cause", None) or exc.__cause__
+        seen += 1
+    return None
+
+
+def classify(exc: BaseException) -> str | None:
+    """'disk', 'permission' or None (not a storage problem)."""
+    error = _os_error(exc)
+    if error is None:
+        return None
+    if error.errno in DISK_FULL:
+        return "disk"
+    if error.errno in NO_PERMISSION:
+        return "permission"
+    return None
+
+
+def store_error(exc: BaseException, store_dir: Path, doing: str) -> store.StoreError | None:
+    """A StoreError with advice for a disk-full or permission error, else None."""
+    kind = classify(exc)
+    if kind is None:
+        return None
+    current = store.current_run(store_dir) if _readable(store_dir) else None
+    kept = f"CURRENT still points at {current}" if current else "nothing was published"
+    return store.StoreError(
+        f"{doing} failed: {_os_error(exc)}. {ADVICE[kind].format(store=store_dir)}; "
+        f"{kept}. Rerun the same command with the same --run-id to resume."
+    )
+
+
+def _readable(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def input_bytes(files: list[Path]) -> int:
+    return sum(f.stat().st_size for f in files)
+
+
+def preflight(store_dir: Path, files: list[Path], config: TkgConfig) -> None:
+    """Fail before any work when the store cannot be written or the disk is nearly full."""
+    limits = config.limits
+    try:
+        store_dir.mkdir(parents=True, exist_ok=True)
+        probe = store_dir / f".tkg-write-test.{uuid.uuid4().hex}"
+        probe.write_bytes(b"tkg")
+        probe.unlink()
+    except OSError as exc:
+        raise store_error(exc, store_dir, f"writing to {store_dir}") or store.StoreError(
+            f"cannot write to {store_dir}: {exc}") from exc
+    free = shutil.disk_usage(store_dir).free
+    needed = int(limits.min_free_mb * 2**20 + limits.free_space_per_input_byte
+                 * input_bytes(files))
+    if free < needed:
+        raise store.StoreError(
+            f"only {free / 2**20:,.0f} MB free under {store_dir}, and this build needs about "
+            f"{needed / 2**20:,.0f} MB ({limits.free_space_per_input_byte:g} x the "
+            f"{input_bytes(files) / 2**20:,.1f} MB of input + {limits.min_free_mb} MB): "
+            f"free space (`tkg gc --store {store_dir} --keep 1`) or use a bigger disk"
+        )
+
+
+def run_stage(name: str, ctx, attempt: Callable[[], T]) -> T:
+    """Run one stage, again on failure up to `ray.stage_attempts` times (Ray already retried
+    lost workers and tasks inside it). Counters of a failed attempt are rolled back; disk and
+    permission errors are not retried; the last failure names the stage and how to resume."""
+    attempts = max(1, ctx.config.ray.stage_attempts)
+    store_dir = ctx.work_dir.parent.parent
+    for number in range(1, attempts + 1):
+        counters = dict(ctx.counters)
+        try:
+            return attempt()
+        except Exception as exc:
+            ctx.counters.clear()
+            ctx.counters.update(counters)
+            problem = store_error(exc, store_dir, f"stage {name}")
+            if problem is not None:
+                raise problem from exc
+            if number == attempts:
+                current = store.current_run(store_dir)
+                raise StageFailed(
+                    f"stage {name!r} failed {attempts} time(s); last error: "
+                    f"{type(exc).__name__}: {str(exc)[:500]}. CURRENT "
+                    + (f"still points at {current}" if current else "was not written")
+                    + f". Fix the cause, then rerun with --run-id {ctx.run_id} to resume from "
+                    f"stage {name!r} (finished stages are kept under {ctx.work_dir})."
+                ) from exc
+            log.warning("stage %s failed (attempt %d of %d): %s; retrying", name, number,
+                        attempts, exc)
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def publishing(store_dir: Path, run_id: str) -> Iterator[None]:
+    """A failed publish removes its half-written snapshot (CURRENT was never switched) and
+    reports disk or permission errors as such. A crash leaves the folder; the next publish
+    of the run replaces it (see store.prepare_snapshot)."""
+    try:
+        yield
+    except InjectedCrash:
+        raise
+    except Exception as exc:
+        if store.current_run(store_dir) != run_id:
+            shutil.rmtree(store.snapshot_dir(store_dir, run_id), ignore_errors=True)
+        problem = store_error(exc, store_dir, f"publishing snapshot {run_id}")
+        if problem is not None:
+            raise problem from exc
+        raise
+
+
+# --- gc -----------------------------------------------------------------------------------
+
+
+@dataclass
+class GcReport:
+    kept: list[str] = field(default_factory=list)
+    removed_snapshots: list[str] = field(default_factory=list)
+    removed_work: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+
+
+def _size(path: Path) -> int:
+    """Bytes freed by removing `path`: files hard-linked from another snapshot are not."""
+    return sum(s.st_size for s in (p.stat() for p in path.rglob("*") if p.is_file())
+               if s.st_nlink == 1)
+
+
+def _finished_runs(store_dir: Path) -> set[str]:
+    """Runs recorded as succeeded in the current snapshot's `runs` table."""
+    run_id = store.current_run(store_dir)
+    if run_id is None:
+        return set()
+    runs = store.snapshot_dir(store_dir, run_id) / "runs"
+    if not runs.exists():
+        return {run_id}
+    table = pq.read_table(runs, columns=["run_id", "status"], partitioning=None)
+    return {r for r, s in zip(table["run_id"].to_pylist(), table["status"].to_pylist(),
+                              strict=True) if s == "succeeded"} | {run_id}
+
+
+def gc(store_dir: Path, keep: int, dry_run: bool = False) -> GcReport:
+    """Remove published snapshots except CURRENT and the newest `keep`, and the work dirs of
+    finished runs. Snapshots that an unfinished run builds on, and unpublished folders (a
+    build may be writing them), are left alone."""
+    store_dir = Path(store_dir)
+    current = store.current_run(store_dir)
+    if current is None:
+        raise store.StoreError(f"{store_dir} has no CURRENT snapshot; nothing to collect")
+    finished = _finished_runs(store_dir)
+    work_root = store_dir / "work"
+    unfinished = [w for w in (work_root.iterdir() if work_root.is_dir() else [])
+                  if w.is_dir() and w.name not in finished]
+    needed = {(w / "previous").read_text().strip() for w in unfinished
+              if (w / "previous").is_file()}
+    published = sorted(
+        (p for p in (store_dir / "snapshots").iterdir() if (p / store.MANIFEST).is_file()),
+        key=lambda p: (p / store.MANIFEST).stat().st_mtime, reverse=True)
+    report = GcReport()
+    newest = {p.name for p in published[:max(keep, 0)]}
+    for snapshot in published:
+        if snapshot.name in newest | {current} | needed:
+            report.kept.append(snapshot.name)
+            continue
+        report.removed_snapshots.append(snapshot.name)
+        report.freed_bytes += _size(snapshot)
+        if not dry_run:
+            shutil.rmtree(snapshot)
+    for work in sorted(work_root.iterdir() if work_root.is_dir() else []):
+        if work.is_dir() and work.name in finished:
+            report.removed_work.append(work.name)
+            report.freed_bytes += _size(work)
+            if not dry_run:
+                shutil.rmtree(work)
+    return report
