@@ -22,6 +22,7 @@ import re
 import unicodedata
 from collections import Counter
 from datetime import datetime
+from functools import lru_cache
 
 import numpy as np
 import polars as pl
@@ -196,13 +197,34 @@ def core_name(normalized: str, config: ResolveConfig) -> str:
     """The name without legal forms and honorifics, abbreviations spelled out:
     "initech inc" -> "initech", "dr. sofia costa" -> "sofia costa", "mt. kea" -> "mount kea"."""
     tokens = normalized.replace(",", " ").split()
-    while len(tokens) > 1 and tokens[-1].strip(".") in config.legal_suffixes:
+    while len(tokens) > 1 and _legal_suffix(tokens[-1].strip("."), config.legal_suffixes):
         tokens.pop()
     while len(tokens) > 1 and tokens[0].strip(".") in config.honorifics:
         tokens.pop(0)
     if len(tokens) > 1 and tokens[0].strip(".") in config.leading_abbreviations:
         tokens[0] = config.leading_abbreviations[tokens[0].strip(".")]
     return " ".join(config.abbreviations.get(t.strip("."), t) for t in tokens)
+
+
+@lru_cache(maxsize=64)
+def _misspelt_suffixes(suffixes: tuple[str, ...]) -> frozenset[str]:
+    """Long legal forms and their one-letter deletions ("incorporaetd" is still one)."""
+    keys = set()
+    for suffix in suffixes:
+        if len(suffix) >= 7:
+            keys.add(suffix)
+            keys.update(suffix[:i] + suffix[i + 1:] for i in range(len(suffix)))
+    return frozenset(keys)
+
+
+def _legal_suffix(token: str, suffixes: tuple[str, ...]) -> bool:
+    if token in suffixes:
+        return True
+    if len(token) < 6:
+        return False
+    misspelt = _misspelt_suffixes(suffixes)
+    return token in misspelt or any(token[:i] + token[i + 1:] in misspelt
+                                    for i in range(len(token)))
 
 
 def order_free(core: str) -> str:
@@ -234,62 +256,61 @@ def label_class(labels: list[str] | None) -> str:
 def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
     """Each name node under every blocking key it has; names meet only under a shared key:
     `c:` the order-free core name (legal forms, honorifics, abbreviations, word order),
-    `d:` its one-letter deletions (spelling variants), `f:` a first name (a lone "Maria"
-    and the group's only "Maria ..."), `e<band>:` SimHash bands of the name vector."""
-    columns: dict[str, list] = {name: [] for name in KEYED_NAMES.names if name != "vector"}
-    vector_of: list[int] = []
-    has_vectors = "name_embedding" in nodes.column_names
-    groups, normalized_names = nodes["group_id"].to_pylist(), nodes["normalized"].to_pylist()
-    names, labels = nodes["name"].to_pylist(), nodes["labels"].to_pylist()
-    counts = nodes["mention_count"].to_pylist()
-    for group_id, normalized, name, node_labels, mentions in zip(
-            groups, normalized_names, names, labels, counts, strict=True):
+    `d:` the core and its one-letter deletions (spelling variants), `f:` a first name (a
+    lone "Maria" and the group's only "Maria ..."), `e<band>:` SimHash bands of the name
+    vector (which travels, as int8, only with these keys)."""
+    features: dict[str, list] = {name: [] for name in (
+        "core", "cls", "digits", "words", "lone", "personish")}
+    owner: list[int] = []
+    keys: list[str] = []
+    for row, (normalized, name, node_labels) in enumerate(zip(
+            nodes["normalized"].to_pylist(), nodes["name"].to_pylist(),
+            nodes["labels"].to_pylist(), strict=True)):
         core = core_name(normalized, config)
         key_core = order_free(core)
         tokens = core.split()
         personish = bool(set(node_labels or ()) & PERSONISH)
         lone = len(tokens) == 1 and name[:1].isupper()
-        keys = [f"c:{key_core}"]
-        keys += [f"d:{k}" for k in deletion_keys(key_core, config.min_typo_chars)]
+        node_keys = [f"c:{key_core}"]
+        spelling = deletion_keys(key_core, config.min_typo_chars)
+        if spelling:  # the name itself meets its variants' deletions
+            node_keys += [f"d:{k}" for k in (key_core, *spelling)]
         if config.first_names and (lone or (len(tokens) > 1 and personish)):
-            keys.append(f"f:{tokens[0]}")
-        base = (group_id, normalized, key_core, label_class(node_labels),
-                " ".join(_DIGITS.findall(normalized)), mentions, len(tokens), lone, personish)
-        for key in keys:
-            for column, value in zip(("group_id", "normalized", "core", "cls", "digits",
-                                      "mentions", "words", "lone", "personish"), base,
-                                     strict=True):
-                columns[column].append(value)
-            columns["key"].append(key)
-            vector_of.append(-1)
-    keyed = pa.table({**columns, "vector": pa.nulls(len(vector_of), pa.list_(pa.int8()))},
-                     schema=KEYED_NAMES)
-    if not has_vectors or config.simhash_bands == 0 or nodes.num_rows == 0:
-        return keyed
-    present = pc.is_valid(nodes["name_embedding"])
-    with_vectors = nodes.filter(present)
-    if with_vectors.num_rows == 0:
-        return keyed
-    matrix = np.asarray(pc.list_flatten(with_vectors["name_embedding"]).to_numpy(),
-                        dtype=np.float32).reshape(with_vectors.num_rows, -1)
-    codes = simhash_codes(matrix, config.simhash_bands, config.simhash_bits)
-    quantized = np.clip(np.rint(matrix * QUANT), -127, 127).astype(np.int8)
-    bands = config.simhash_bands
-    take = np.repeat(np.arange(with_vectors.num_rows), bands)
-    base = blocking_keys(with_vectors.drop_columns(["name_embedding"]),
-                         config.model_copy(update={"min_typo_chars": 10**9,
-                                                   "first_names": False}))  # the c: rows
-    base = base.take(pa.array(take))
-    flat = pa.array(quantized[take].ravel(), pa.int8())
-    embedded = base.set_column(
-        base.schema.get_field_index("key"), "key",
-        pa.array([f"e{b}:{c}" for b, c in zip(np.tile(np.arange(bands), with_vectors.num_rows),
-                                              codes.ravel(), strict=True)], pa.string()))
-    embedded = embedded.set_column(
-        embedded.schema.get_field_index("vector"), "vector",
-        pa.ListArray.from_arrays(pa.array(np.arange(0, len(flat) + 1, matrix.shape[1],
-                                                    dtype=np.int32)), flat))
-    return pa.concat_tables([keyed, embedded])
+            node_keys.append(f"f:{tokens[0]}")
+        keys += node_keys
+        owner += [row] * len(node_keys)
+        for column, value in (("core", key_core), ("cls", label_class(node_labels)),
+                              ("digits", " ".join(_DIGITS.findall(normalized))),
+                              ("words", len(tokens)), ("lone", lone),
+                              ("personish", personish)):
+            features[column].append(value)
+    table = nodes.select(["group_id", "normalized"]).append_column(
+        "mentions", pc.cast(nodes["mention_count"], pa.int64()))
+    for column, values in features.items():
+        table = table.append_column(column, pa.array(values, KEYED_NAMES.field(column).type))
+    keyed = table.take(pa.array(owner, pa.int64())).append_column(
+        "key", pa.array(keys, pa.string()))
+    parts = [keyed.append_column("vector", pa.nulls(len(owner), pa.list_(pa.int8())))]
+    if ("name_embedding" in nodes.column_names and config.simhash_bands > 0
+            and nodes.num_rows > 0):
+        present = np.flatnonzero(pc.is_valid(nodes["name_embedding"]).to_numpy(
+            zero_copy_only=False))
+        if len(present):
+            embedded = nodes["name_embedding"].take(pa.array(present))
+            matrix = np.asarray(pc.list_flatten(embedded).to_numpy(),
+                                dtype=np.float32).reshape(len(present), -1)
+            bands = config.simhash_bands
+            codes = simhash_codes(matrix, bands, config.simhash_bits)
+            quantized = np.clip(np.rint(matrix * QUANT), -127, 127).astype(np.int8)
+            rows = np.repeat(np.arange(len(present)), bands)
+            flat = pa.array(quantized[rows].ravel(), pa.int8())
+            offsets = pa.array(np.arange(0, len(flat) + 1, matrix.shape[1], dtype=np.int32))
+            band_keys = [f"e{band}:{code}" for band, code in
+                         zip(np.tile(np.arange(bands), len(present)), codes.ravel(), strict=True)]
+            parts.append(table.take(pa.array(present[rows])).append_column(
+                "key", pa.array(band_keys, pa.string())).append_column(
+                "vector", pa.ListArray.from_arrays(offsets, flat)))
+    return schema.conform(pa.concat_tables(parts), KEYED_NAMES)
 
 
 def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
@@ -299,57 +320,67 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     `merge` false, for an adjudicator."""
     if keyed.num_rows == 0:
         return PAIRS.empty_table()
-    from rapidfuzz import fuzz, process
-
     block = ["group_id", "key"]
     df = (pl.from_arrow(keyed).with_columns(kind=pl.col("key").str.slice(0, 1))
+          .with_columns(size=pl.len().over(block)).filter(pl.col("size") > 1)
           .sort([*block, "mentions", "normalized"], descending=[False, False, True, False])
-          .with_columns(rank=pl.int_range(pl.len()).over(block),
-                        size=pl.len().over(block))
-          .filter((pl.col("rank") < config.max_block) & (pl.col("size") > 1)))
-    others = df.filter(pl.col("kind") != "f")
-    pairs = others.join(others, on=block, suffix="_b").filter(
-        pl.col("normalized") < pl.col("normalized_b"))
-    first = df.filter(pl.col("kind") == "f")
-    singles = first.filter(pl.col("lone"))
+          .with_columns(rank=pl.int_range(pl.len()).over(block))
+          .filter(pl.col("rank") < config.max_block))
+    strings = df.filter(pl.col("kind").is_in(["c", "d"])).drop("vector")
+    pairs = strings.join(strings, on=block, suffix="_b").filter(
+        pl.col("normalized") < pl.col("normalized_b")).with_columns(cosine=pl.lit(0.0))
+    first = df.filter(pl.col("kind") == "f").drop("vector")
     full = first.filter(~pl.col("lone") & pl.col("personish")).with_columns(
         fulls=pl.len().over(block))
-    named = singles.join(full, on=block, suffix="_b").filter(pl.col("fulls") == 1).drop("fulls")
-    pairs = pl.concat([pairs, named.select(pairs.columns)]).unique(
+    named = first.filter(pl.col("lone")).join(full, on=block, suffix="_b").filter(
+        pl.col("fulls") == 1).drop("fulls").with_columns(cosine=pl.lit(0.0))
+    vectors = df.filter(pl.col("kind") == "e")
+    near = vectors.join(vectors, on=block, suffix="_b").filter(
+        pl.col("normalized") < pl.col("normalized_b"))
+    if near.height:
+        a = near["vector"].explode().to_numpy().reshape(near.height, -1).astype(np.float32)
+        b = near["vector_b"].explode().to_numpy().reshape(near.height, -1).astype(np.float32)
+        near = near.drop("vector", "vector_b").with_columns(
+            cosine=pl.Series(np.einsum("ij,ij->i", a, b).astype(np.float64) / QUANT**2))
+    else:
+        near = near.drop("vector", "vector_b").with_columns(cosine=pl.lit(0.0))
+    columns = pairs.columns
+    pairs = pl.concat([pairs, named.select(columns), near.select(columns)]).unique(
         ["group_id", "normalized", "normalized_b", "kind"], keep="first", maintain_order=True)
     compatible = (pl.col("digits") == pl.col("digits_b")) & (
         (pl.col("cls") == "") | (pl.col("cls_b") == "") | (pl.col("cls") == pl.col("cls_b")))
     pairs = pairs.filter(compatible)
     if pairs.height == 0:
         return PAIRS.empty_table()
-    similarity = process.cpdist(pairs["core"].to_list(), pairs["core_b"].to_list(),
-                                scorer=fuzz.ratio, workers=1) / 100.0
-    vectors = pairs.filter(pl.col("kind") == "e")
-    cosine = np.zeros(pairs.height)
-    if vectors.height:
-        a = np.stack(vectors["vector"].to_numpy()).astype(np.float32)
-        b = np.stack(vectors["vector_b"].to_numpy()).astype(np.float32)
-        cosine[(pairs["kind"] == "e").to_numpy()] = (a * b).sum(axis=1) / QUANT**2
+    similarity = np.zeros(pairs.height)
+    spelling = (pairs["kind"] == "d").to_numpy()
+    if spelling.any():
+        from rapidfuzz import fuzz, process
+
+        chosen = pairs.filter(pl.col("kind") == "d")
+        similarity[spelling] = process.cpdist(chosen["core"].to_list(),
+                                              chosen["core_b"].to_list(),
+                                              scorer=fuzz.ratio, workers=1) / 100.0
     named_both = (pl.col("cls") != "") & (pl.col("cls_b") != "")
-    pairs = pairs.with_columns(similarity=pl.Series(similarity), cosine=pl.Series(cosine))
-    decided = pairs.with_columns(
-        evidence=pl.when(pl.col("kind") == "c").then(pl.lit("exact"))
-        .when(pl.col("kind") == "d").then(pl.lit("spelling"))
-        .when(pl.col("kind") == "f").then(pl.lit("first_name"))
+    kind = pl.col("kind")
+    decided = pairs.with_columns(similarity=pl.Series(similarity)).with_columns(
+        evidence=pl.when(kind == "c").then(pl.lit("exact"))
+        .when(kind == "d").then(pl.lit("spelling"))
+        .when(kind == "f").then(pl.lit("first_name"))
         .otherwise(pl.lit("embedding")),
-        score=pl.when(pl.col("kind").is_in(["c", "f"])).then(pl.lit(1.0))
-        .when(pl.col("kind") == "d").then(pl.col("similarity").round(4))
+        score=pl.when(kind.is_in(["c", "f"])).then(pl.lit(1.0))
+        .when(kind == "d").then(pl.col("similarity").round(4))
         .otherwise(pl.col("cosine").round(4)),
-        merge=pl.when(pl.col("kind").is_in(["c", "f"])).then(pl.lit(True))
-        .when(pl.col("kind") == "d").then(pl.col("similarity") >= config.min_similarity)
+        merge=pl.when(kind.is_in(["c", "f"])).then(pl.lit(True))
+        .when(kind == "d").then(pl.col("similarity") >= config.min_similarity)
         .otherwise((pl.col("cosine") >= config.embedding_merge) & named_both),
-        keep=pl.when(pl.col("kind") == "e").then(pl.col("cosine") >= config.embedding_ambiguous)
-        .when(pl.col("kind") == "d").then(pl.col("similarity") >= config.min_similarity)
+        keep=pl.when(kind == "e").then(pl.col("cosine") >= config.embedding_ambiguous)
+        .when(kind == "d").then(pl.col("similarity") >= config.min_similarity)
         .otherwise(pl.lit(True)),
     ).filter(pl.col("keep"))
-    out = decided.select("group_id", a=pl.col("normalized"), b=pl.col("normalized_b"),
+    out = decided.select("group_id", a=pl.min_horizontal("normalized", "normalized_b"),
+                         b=pl.max_horizontal("normalized", "normalized_b"),
                          evidence="evidence", score="score", merge="merge")
-    out = out.with_columns(a=pl.min_horizontal("a", "b"), b=pl.max_horizontal("a", "b"))
     out = out.unique(["group_id", "a", "b", "evidence"], keep="first", maintain_order=True)
     return schema.conform(out.sort(["group_id", "a", "b", "evidence"]).to_arrow(), PAIRS)
 
