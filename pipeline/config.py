@@ -283,6 +283,21 @@ class CommunitiesConfig(_Section):
     name_terms: int = Field(3, ge=1, description="distinctive terms in a community's name")
 
 
+class ServeConfig(_Section):
+    """Bounds of `tkg serve` (query/serve.py): every request is small, short and capped."""
+
+    max_body_bytes: int = Field(65_536, ge=1_024, description="largest request body")
+    max_query_chars: int = Field(2_000, ge=1, description="longest query text")
+    max_limit: int = Field(100, ge=1, description="largest `limit` per kind")
+    max_bfs_hops: int = Field(3, ge=0, description="deepest graph expansion a caller may ask")
+    max_groups: int = Field(32, ge=1, description="group ids per request")
+    max_tokens: int = Field(16_000, ge=50, description="largest context budget")
+    timeout_s: float = Field(10.0, gt=0, description="a request past this gets 503")
+    workers: int = Field(4, ge=1, description="threads running retrieval")
+    queue: int = Field(64, ge=1, description="requests waiting beyond the workers, then 503")
+    poll_s: float = Field(0.5, gt=0, description="how often STORE/CURRENT is checked")
+
+
 class TkgConfig(_Section):
     """Everything a build needs besides its inputs and store."""
 
@@ -296,6 +311,7 @@ class TkgConfig(_Section):
     communities: CommunitiesConfig = CommunitiesConfig()
     llm: LlmConfig = LlmConfig()
     query: QueryConfig = QueryConfig()
+    serve: ServeConfig = ServeConfig()
 
     @model_validator(mode="after")
     def _llm_needs_backend(self) -> TkgConfig:
