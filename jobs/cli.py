@@ -165,17 +165,22 @@ def parser() -> argparse.ArgumentParser:
 
     docs.add_command(commands)
     report.add_command(commands)
+
+    from jobs import ops  # serving and reliability (issue 7): serve, keys, gc, bench serve
+
+    ops.add_commands(commands, benches)
     return root
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    from pipeline.reliability import StageFailed
     from pipeline.sources import InputError
     from pipeline.store import StoreError
 
     try:
         return args.fn(args)
-    except (InputError, StoreError, FileNotFoundError, ValueError) as exc:
+    except (InputError, StoreError, StageFailed, FileNotFoundError, ValueError) as exc:
         print(f"tkg: error: {exc}", file=sys.stderr)
         return 2
 

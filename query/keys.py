@@ -2,7 +2,7 @@
 
 The keys file is JSON: `{"keys": [{"name": ..., "sha256": ..., "groups": [...]}]}`. Only
 the SHA-256 of a key is kept (keys are 32 random bytes, so a fast hash is enough: there is
-nothing to brute-force), and lookups compare digests in constant time. `tkg serve keys add`
+nothing to brute-force), and lookups compare digests in constant time. `tkg keys add`
 creates a key, prints it once and stores its hash.
 """
 
@@ -41,7 +41,7 @@ def load(path: str | Path) -> tuple[ApiKey, ...]:
     path = Path(path)
     if not path.is_file():
         raise KeysError(f"keys file {path} not found; create one with "
-                        f"`tkg serve keys add --keys {path} --name NAME --group G`")
+                        f"`tkg keys add --keys {path} --name NAME --group G`")
     try:
         entries = json.loads(path.read_text())["keys"]
         keys = tuple(ApiKey(str(e["name"]), str(e["sha256"]).lower(), frozenset(e["groups"]))

@@ -416,7 +416,7 @@ def check_bind(host: str, keys_file: str | None) -> None:
     if not loopback:
         raise api_keys.KeysError(
             f"refusing to serve on {host} without --keys: anyone reaching the port could read "
-            "every group. Create keys with `tkg serve keys add --keys FILE --name N --group G` "
+            "every group. Create keys with `tkg keys add --keys FILE --name N --group G` "
             "and pass --keys FILE, or bind to 127.0.0.1")
 
 

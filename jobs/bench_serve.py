@@ -1,0 +1,199 @@
+"""`tkg bench serve --facts N`: HTTP throughput and latency of `tkg serve` under load.
+
+A synthetic store of N facts (the generator of `tkg bench query`: entities, episodes and
+communities in proportion, synthetic vectors, a seeded synthetic query embedder so the model
+is not what is timed) is served on loopback by this process; a second process sends
+`POST /search` requests of the default recipe from `concurrency` connections for `seconds`.
+Halfway through, a new snapshot is published (a hard-linked copy of the first under a new
+run id, then CURRENT is switched): the server opens it in the background and switches, and
+the figures show whether any request failed or slowed. Prints throughput, p50/p95/p99 and
+errors; never gates on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import store
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def publish_copy(root: Path, source: str, run_id: str) -> float:
+    """Publish `run_id` as a hard-linked copy of snapshot `source`; returns seconds."""
+    started = time.perf_counter()
+    target = store.prepare_snapshot(root, run_id)
+    target.rmdir()
+    shutil.copytree(store.snapshot_dir(root, source), target, copy_function=os.link)
+    manifest = store.read_manifest(target)
+    store.write_manifest(target, {**manifest, "run_id": run_id})  # replaces the link
+    store.switch_current(root, run_id)
+    return time.perf_counter() - started
+
+
+async def _load(url: str, work: list[dict[str, Any]], seconds: float, concurrency: int
+                ) -> dict[str, Any]:
+    import httpx
+
+    records: list[tuple[float, float, int, str]] = []
+    errors: dict[str, int] = {}
+    counter = iter(range(10**12))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30.0) as client:
+        for q in work[:32]:  # warm-up, not counted
+            await client.post("/search", json=q)
+        print("ready", flush=True)  # the parent publishes halfway from here
+        start = time.perf_counter()
+        deadline = start + seconds
+
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                q = work[next(counter) % len(work)]
+                t0 = time.perf_counter()
+                try:
+                    response = await client.post("/search", json=q)
+                    status, snapshot = response.status_code, response.headers.get(
+                        "x-tkg-snapshot", "")
+                except httpx.HTTPError as exc:
+                    status, snapshot = 0, ""
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                records.append((t0 - start, (time.perf_counter() - t0) * 1000, status,
+                                snapshot))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    ms = np.array([r[1] for r in records]) if records else np.zeros(1)
+    statuses: dict[str, int] = {}
+    per_snapshot: dict[str, int] = {}
+    for _, _, status, snapshot in records:
+        statuses[str(status)] = statuses.get(str(status), 0) + 1
+        per_snapshot[snapshot] = per_snapshot.get(snapshot, 0) + 1
+    failed = sum(n for s, n in statuses.items() if s != "200")
+    return {
+        "requests": len(records), "seconds": round(elapsed, 2),
+        "throughput_rps": round(len(records) / elapsed, 1),
+        "p50_ms": round(float(np.percentile(ms, 50)), 2),
+        "p95_ms": round(float(np.percentile(ms, 95)), 2),
+        "p99_ms": round(float(np.percentile(ms, 99)), 2),
+        "max_ms": round(float(ms.max()), 2),
+        "errors": failed, "statuses": statuses, "client_errors": errors,
+        "requests_per_snapshot": per_snapshot,
+        "timeline": [(round(t, 3), round(m, 2), s, snap) for t, m, s, snap in records],
+    }
+
+
+def _window(timeline: list[list], start: float, end: float) -> dict[str, Any]:
+    ms = np.array([m for t, m, _, _ in timeline if start <= t < end])
+    if ms.size == 0:
+        return {"requests": 0}
+    return {"requests": int(ms.size), "p50_ms": round(float(np.percentile(ms, 50)), 2),
+            "p99_ms": round(float(np.percentile(ms, 99)), 2)}
+
+
+def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: int = 384,
+                groups: int = 10, workdir: str | None = None, publish: bool = True,
+                queries: int = 2_000, seed: int = 0) -> dict[str, Any]:
+    import uvicorn
+
+    from jobs.bench_query import SyntheticEmbedder, _workload, synth_tables, write_store
+    from pipeline.config import QueryConfig
+    from query.serve import create_app
+
+    root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tkg-bench-serve-"))
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    started = time.perf_counter()
+    tables, centroids = synth_tables(facts, dim, groups, seed)
+    index = write_store(root, tables, dim, QueryConfig())
+    work = [{"query": q["text"], "group_ids": q["group_ids"],
+             **({"as_of": q["as_of"]} if q.get("as_of") else {})}
+            for q in _workload(tables, queries, seed)]
+    del tables
+    prepared = time.perf_counter() - started
+    workload = root / "workload.json"
+    workload.write_text(json.dumps(work))
+
+    app = create_app(root, embedder=SyntheticEmbedder(centroids))
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(600):
+        if server.started:
+            break
+        time.sleep(0.05)
+    load = subprocess.Popen(
+        [sys.executable, "-m", "jobs.bench_serve", f"http://127.0.0.1:{port}", str(workload),
+         str(seconds), str(concurrency)], stdout=subprocess.PIPE, text=True)
+    publish_at = publish_s = switched_after = None
+    assert load.stdout is not None
+    load.stdout.readline()  # "ready": the client is warm and its clock starts
+    if publish:
+        time.sleep(seconds / 2)
+        publish_at = time.perf_counter()
+        publish_s = publish_copy(root, "bench-1", "bench-2")
+        while app.state.snapshots.current.run_id != "bench-2" and \
+                time.perf_counter() - publish_at < seconds:
+            time.sleep(0.01)
+        switched_after = time.perf_counter() - publish_at
+    out, _ = load.communicate()
+    server.should_exit = True
+    thread.join(timeout=10)
+    result = json.loads(out)
+    timeline = result.pop("timeline")
+    figures = {
+        "facts": facts, "dim": dim, "groups": groups, "concurrency": concurrency,
+        "prepare_s": round(prepared, 1), "index_build_s": index.get("seconds"),
+        **result,
+        "published_mid_run": publish,
+        "publish_s": round(publish_s, 3) if publish_s is not None else None,
+        "switch_after_publish_s": (round(switched_after, 2) if switched_after is not None
+                                   else None),
+        "cpus": os.cpu_count(),
+    }
+    switch = min((t for t, _, _, snap in timeline if snap == "bench-2"), default=None)
+    if switch is not None:  # latency while the new snapshot was being opened and switched to
+        figures["first_request_on_new_snapshot_s"] = switch
+        figures["around_switch_4s"] = _window(timeline, switch - 2.0, switch + 2.0)
+        figures["before_switch"] = _window(timeline, 0.0, switch - 2.0)
+    if not workdir:
+        shutil.rmtree(root, ignore_errors=True)
+    return figures
+
+
+def print_figures(figures: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"tkg bench serve: {figures['facts']:,} facts, "
+                        f"{figures['concurrency']} connections")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for key, value in figures.items():
+        table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    Console().print(table)
+
+
+if __name__ == "__main__":  # the load process: URL WORKLOAD SECONDS CONCURRENCY
+    url, path, secs, conc = sys.argv[1:5]
+    print(json.dumps(asyncio.run(_load(url, json.loads(Path(path).read_text()), float(secs),
+                                       int(conc)))))

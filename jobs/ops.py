@@ -1,0 +1,96 @@
+"""`tkg serve`, `tkg keys add`, `tkg gc` and `tkg bench serve` (registered by jobs/cli.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pipeline.config import load_config
+    from query.serve import serve
+
+    serve(args.store, host=args.host, port=args.port, keys_file=args.keys,
+          limits=load_config(args.config).serve)
+    return 0
+
+
+def cmd_keys_add(args: argparse.Namespace) -> int:
+    from query.keys import add
+
+    key = add(args.keys, args.name, args.group)
+    print(f"key for {args.name} (groups {', '.join(sorted(set(args.group)))}); shown once, "
+          f"only its hash is kept in {args.keys}:\n{key}")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from pipeline.reliability import gc
+
+    report = gc(Path(args.store), args.keep, dry_run=args.dry_run)
+    figures = {"kept": report.kept, "removed_snapshots": report.removed_snapshots,
+               "removed_work": report.removed_work, "freed_bytes": report.freed_bytes,
+               "dry_run": args.dry_run}
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        verb = "would remove" if args.dry_run else "removed"
+        print(f"kept snapshots: {', '.join(report.kept) or '-'}\n"
+              f"{verb} snapshots: {', '.join(report.removed_snapshots) or '-'}\n"
+              f"{verb} work dirs: {', '.join(report.removed_work) or '-'}\n"
+              f"freed: {report.freed_bytes / 2**20:,.1f} MB")
+    return 0
+
+
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    from jobs.bench_serve import bench_serve, print_figures
+
+    figures = bench_serve(args.facts, seconds=args.seconds, concurrency=args.concurrency,
+                          dim=args.dim, groups=args.groups, workdir=args.workdir,
+                          publish=not args.no_publish)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print_figures(figures)
+    return 0
+
+
+def add_commands(commands: Any, benches: Any) -> None:
+    serve = commands.add_parser("serve", help="the retrieval API over HTTP")
+    serve.add_argument("--store", required=True)
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="bind address; anything but loopback needs --keys")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--keys", default=None, help="API keys file (see `tkg keys add`)")
+    serve.add_argument("--config", default=None, help="YAML config (its `serve` bounds)")
+    serve.set_defaults(fn=cmd_serve)
+
+    keys = commands.add_parser("keys", help="API keys of tkg serve")
+    key_commands = keys.add_subparsers(dest="keys_command", required=True)
+    add = key_commands.add_parser("add", help="create a key bound to groups (printed once)")
+    add.add_argument("--keys", required=True, help="keys file (created 0600)")
+    add.add_argument("--name", required=True, help="who the key is for")
+    add.add_argument("--group", action="append", required=True, help="readable group; repeat")
+    add.set_defaults(fn=cmd_keys_add)
+
+    gc = commands.add_parser("gc", help="remove old snapshots and finished work dirs")
+    gc.add_argument("--store", required=True)
+    gc.add_argument("--keep", type=int, default=2,
+                    help="newest snapshots kept besides CURRENT (default 2)")
+    gc.add_argument("--dry-run", action="store_true", help="list, remove nothing")
+    gc.add_argument("--json", action="store_true")
+    gc.set_defaults(fn=cmd_gc)
+
+    bench = benches.add_parser("serve", help="HTTP load on a synthetic store, publish mid-run")
+    bench.add_argument("--facts", type=int, default=100_000)
+    bench.add_argument("--seconds", type=float, default=30.0)
+    bench.add_argument("--concurrency", type=int, default=16)
+    bench.add_argument("--dim", type=int, default=384)
+    bench.add_argument("--groups", type=int, default=10)
+    bench.add_argument("--workdir", default=None, help="keep the synthetic store here")
+    bench.add_argument("--no-publish", action="store_true",
+                       help="do not publish a new snapshot during the run")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(fn=cmd_bench_serve)
