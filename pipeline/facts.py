@@ -11,6 +11,7 @@ Facts without a date are never invalidated and never invalidate.
 from __future__ import annotations
 
 from datetime import datetime
+from itertools import pairwise
 
 import pyarrow as pa
 
@@ -139,6 +140,41 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
                 old["invalid_at"] = cause["valid_at"]
                 old["invalidated_by"] = cause["edge_id"]
     return sorted(edges, key=lambda e: e["edge_id"])
+
+
+def undecided_candidates(edges: pa.Table, config: FactsConfig) -> pa.Table:
+    """Invalidation the rules cannot decide, for an optional judge (`llm.judge_invalidation`):
+    per subject, a relation outside every class, two dated edges with other targets, each
+    edge against the next newer one (linear, not all pairs). The rules never touch these."""
+    by_key: dict[tuple[str, str, str], list[dict]] = {}
+    for edge in edges.to_pylist():
+        relation, cls, negated = relation_class(edge["relation"], config)
+        if cls is None and not negated and edge["valid_at"] is not None and (
+                edge["invalidated_by"] is None):
+            key = (edge["group_id"], edge["source_entity_id"], relation)
+            by_key.setdefault(key, []).append(edge)
+    rows = []
+    for (group_id, _, relation), members in sorted(by_key.items()):
+        members.sort(key=lambda e: (e["valid_at"], e["edge_id"]))
+        for old, new in pairwise(members):
+            if new["target_entity_id"] != old["target_entity_id"] and (
+                    new["valid_at"] > old["valid_at"]) and old["invalid_at"] is None:
+                rows.append({"group_id": group_id, "old_edge_id": old["edge_id"],
+                             "new_edge_id": new["edge_id"], "relation": relation,
+                             "old_fact": old["fact"], "new_fact": new["fact"],
+                             "old_valid_at": old["valid_at"], "new_valid_at": new["valid_at"]})
+    return pa.Table.from_pylist(rows, schema=schema.INVALIDATION_CANDIDATES)
+
+
+def apply_judged(edges: pa.Table, ended: dict[str, tuple[datetime, str]]) -> pa.Table:
+    """Edges with the judge's yeses applied: `ended[old_edge_id] = (when, newer edge_id)`."""
+    if not ended:
+        return edges
+    rows = edges.to_pylist()
+    for edge in rows:
+        if edge["edge_id"] in ended and edge["invalid_at"] is None:
+            edge["invalid_at"], edge["invalidated_by"] = ended[edge["edge_id"]]
+    return pa.Table.from_pylist(rows, schema=edges.schema)
 
 
 VERSIONED_FIELDS = ("source_entity_id", "target_entity_id", "relation", "fact", "episode_ids",

@@ -264,6 +264,13 @@ PUBLISHED: dict[str, Callable[[int], pa.Schema]] = {
 }
 
 
+# Invalidation pairs no relation rule decides, for the optional LLM judge (pipeline.facts).
+INVALIDATION_CANDIDATES = pa.schema([
+    ("group_id", pa.string()), ("old_edge_id", pa.string()), ("new_edge_id", pa.string()),
+    ("relation", pa.string()), ("old_fact", pa.string()), ("new_fact", pa.string()),
+    ("old_valid_at", TS), ("new_valid_at", TS),
+])
+
 RESOLUTION_PAIRS = pa.schema([
     ("group_id", pa.string()), ("a", pa.string()), ("b", pa.string()),
     ("evidence", pa.string()), ("score", pa.float64()), ("merge", pa.bool_()),

@@ -352,6 +352,10 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     rows = with_both.map_batches(facts.fact_rows, batch_format="pyarrow", fn_args=(config,))
     edges = shuffled(rows, ["edge_id"], facts.merge_facts, ctx, ctx.created_at)
     checked = shuffled(edges, ["group_id", "source_entity_id"], facts.invalidate, ctx, config)
+    if ctx.config.llm.backend != "none" and ctx.config.llm.judge_invalidation:
+        from pipeline.llm.judges import judge_invalidations  # what the rules left undecided
+
+        checked = judge_invalidations(ctx, checked)
     return {"merged_facts": checked}
 
 
@@ -380,6 +384,8 @@ def embed_column(ctx: RunContext, ds: Dataset, text: str, vector: str) -> Datase
     return spread(ds, EMBED_BLOCK_ROWS).map_batches(
         EmbedColumn, fn_constructor_args=(ctx.config, text, vector), batch_format="pyarrow",
         batch_size=EMBED_BLOCK_ROWS, compute=ActorPoolStrategy(size=actors), num_cpus=1,
+        **({"num_gpus": ctx.config.embed.gpus_per_actor}
+           if ctx.config.embed.gpus_per_actor else {}),  # BGE-m3 on GPU actors
     )
 
 
