@@ -81,7 +81,7 @@ def refresh_tables(tables: dict[str, pa.Table], config: TkgConfig, created_at: d
         new_all.append(np.where(result.assign >= 0, result.assign + offset, -1))
         offset += graph.n
     overall = (communities.drift(np.concatenate(old_all), np.concatenate(new_all))
-               if groups else {"entities": 0, "nmi": 1.0, "ari": 1.0})
+               if groups else communities.drift(np.zeros(0, int), np.zeros(0, int)))
     return pa.concat_tables(rows), {"groups": report, "overall": overall}
 
 
@@ -123,6 +123,21 @@ def _retrieval_index(snapshot: Path, previous: Path, table: pa.Table, config: Tk
     return index_table(db, SPECS["communities"], table, dim, config.query)
 
 
+def snapshot_config(manifest: dict[str, Any]) -> TkgConfig:
+    """The config the snapshot was built with; if it no longer validates (built by an older
+    version), the defaults with the snapshot's embedder, so names embed as its tables do."""
+    from pydantic import ValidationError
+
+    try:
+        return TkgConfig.model_validate(manifest.get("config") or {})
+    except ValidationError:
+        embed = (manifest.get("config") or {}).get("embed") or {}
+        try:
+            return TkgConfig.model_validate({"embed": embed})
+        except ValidationError:
+            return TkgConfig()
+
+
 def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
                   run_id: str | None = None) -> dict[str, Any]:
     """Refresh the communities of the current snapshot into a new snapshot; returns the
@@ -130,7 +145,7 @@ def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
     store_dir = Path(store_dir)
     previous = store.current_snapshot(store_dir)
     manifest = store.read_manifest(previous)
-    config = config or TkgConfig.model_validate(manifest["config"])
+    config = config or snapshot_config(manifest)
     dim = int(manifest["embedding"]["dim"])
     started_at = store.now()
     run_id = run_id or f"{started_at:%Y%m%dT%H%M%SZ}-communities"
@@ -250,12 +265,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def format_summary(summary: dict[str, Any]) -> str:
     drift = summary["drift"]
+    def scores(figures: dict[str, Any]) -> str:
+        if figures["nmi"] is None:
+            return "no communities before"
+        return f"NMI {figures['nmi']:.3f}, ARI {figures['ari']:.3f}"
+
     lines = [f"snapshot {summary['run_id']}: {summary['communities']} communities",
-             f"drift (extended vs refreshed, {drift['entities']} entities): "
-             f"NMI {drift['nmi']:.3f}, ARI {drift['ari']:.3f}"]
+             f"drift (extended vs refreshed, {drift['entities']} entities): {scores(drift)}"]
     for group, figures in summary["drift_by_group"].items():
         lines.append(f"  {group}: {figures['communities_before']} -> {figures['communities']}"
-                     f" communities, NMI {figures['nmi']:.3f}, ARI {figures['ari']:.3f}")
+                     f" communities, {scores(figures)}")
     lines.append(f"seconds: {summary['seconds']}")
     return "\n".join(lines)
 

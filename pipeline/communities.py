@@ -310,9 +310,12 @@ def normalized_mutual_info(a: np.ndarray, b: np.ndarray) -> float:
     return max(0.0, mi / ((h_a + h_b) / 2))
 
 
-def drift(old_assign: np.ndarray, new_assign: np.ndarray) -> dict[str, float | int]:
+def drift(old_assign: np.ndarray, new_assign: np.ndarray) -> dict[str, float | int | None]:
     """How far a refresh moved the partition: NMI and ARI over the entities in a community
-    in either partition (one outside a partition is its own singleton there)."""
+    in either partition (one outside a partition is its own singleton there); None when
+    there was no partition before."""
+    if not (old_assign >= 0).any():
+        return {"entities": int((new_assign >= 0).sum()), "nmi": None, "ari": None}
     either = np.flatnonzero((old_assign >= 0) | (new_assign >= 0))
     solo = -1 - either  # distinct negative labels: singletons
 
@@ -346,6 +349,7 @@ class CommunityDigest:
     central: tuple[MemberDigest, ...]
     facts: tuple[str, ...]
     member_names: tuple[str, ...]
+    member_strength: tuple[float, ...]  # centrality of each of member_names
 
 
 @dataclass(frozen=True)
@@ -411,6 +415,7 @@ def digests(graph: Graph, assign: np.ndarray, ids: Sequence[str],
                           for v in members[:config.summary_members]),
             facts=tuple(facts.get(c, ())),
             member_names=tuple(names[v] for v in members),
+            member_strength=tuple(strength[members].tolist()),
         ))
     return out
 
@@ -431,44 +436,54 @@ inc incorporated corp corporation co company ltd limited llc plc gmbh
 """.splitlines()).split())
 
 
-def distinctive_terms(texts: Sequence[Sequence[str]], top: int) -> list[list[str]]:
-    """The `top` terms of each document (a list of texts) by TF-IDF against the others:
-    tf = occurrences in the document, idf = ln((1 + documents) / documents with the term).
-    Terms are lower-cased words with a letter, no stop words, shown in the capitalisation
-    the document uses most. Vectorised (polars): a group can have a million members."""
+def distinctive_terms(documents: Sequence[Sequence[tuple[str, float, bool]]], top: int
+                      ) -> list[list[str]]:
+    """The `top` most distinctive terms of each document, by TF-IDF against the others.
+
+    A document is a community's texts: (text, weight, is a member name). tf = the summed
+    weight of the texts a term occurs in (members weigh by centrality), idf = ln((1 +
+    documents) / documents with the term). Terms are lower-cased words with a letter and no
+    stop words. A term is shown as the heaviest member name that contains it ("Initech" ->
+    "Initech Inc."; a term only found in facts as the word itself), and one label counts
+    once. Vectorised (polars): a group can have a million members."""
     import polars as pl
 
-    owner = [i for i, doc in enumerate(texts) for _ in doc]
-    frame = pl.DataFrame({"doc": owner, "text": [t or "" for doc in texts for t in doc]},
-                         schema={"doc": pl.Int64, "text": pl.String})
-    tokens = (frame.select("doc", pl.col("text").str.extract_all(TOKEN).alias("token"))
+    frame = pl.DataFrame({
+        "doc": [i for i, doc in enumerate(documents) for _ in doc],
+        "text": [t or "" for doc in documents for t, _, _ in doc],
+        "weight": [float(w) for doc in documents for _, w, _ in doc],
+        "named": [bool(n) for doc in documents for _, _, n in doc],
+    }, schema={"doc": pl.Int64, "text": pl.String, "weight": pl.Float64, "named": pl.Boolean})
+    tokens = (frame.with_columns(pl.col("text").str.extract_all(TOKEN).alias("token"))
               .explode("token").drop_nulls("token")
-              .with_columns(pl.col("token").str.to_lowercase().alias("term"))
+              .with_columns(pl.col("token").str.to_lowercase().alias("term"),
+                            pl.when(pl.col("named")).then(pl.col("text"))
+                            .otherwise(pl.col("token")).alias("label"))
               .filter(pl.col("term").str.len_chars() > 1,
                       ~pl.col("term").is_in(sorted(STOP_WORDS)),
                       pl.col("term").str.contains(r"[^\W\d_]")))
-    surface = (tokens.group_by("doc", "term", "token").len()
-               .sort(["doc", "term", "len", "token"], descending=[False, False, True, False])
-               .unique(["doc", "term"], keep="first", maintain_order=True)
-               .select("doc", "term", pl.col("token").alias("surface")))
-    tf = tokens.group_by("doc", "term").len().rename({"len": "tf"})
+    tf = tokens.group_by("doc", "term").agg(
+        pl.col("weight").sum().alias("tf"),
+        pl.col("label").sort_by(["named", "weight", "label"], descending=[True, True, False])
+        .first())
     df = tf.group_by("term").len().rename({"len": "df"})
     scored = (tf.join(df, on="term")
-              .with_columns((pl.col("tf") * ((1 + len(texts)) / pl.col("df")).log())
+              .with_columns((pl.col("tf") * ((1 + len(documents)) / pl.col("df")).log())
                             .alias("score"))
               .sort(["doc", "score", "term"], descending=[False, True, False])
-              .group_by("doc", maintain_order=True).head(top)
-              .join(surface, on=["doc", "term"], how="left", maintain_order="left"))
-    out: list[list[str]] = [[] for _ in texts]
-    for doc, word in zip(scored["doc"].to_list(), scored["surface"].to_list(), strict=True):
-        out[doc].append(word)
+              .group_by("doc", maintain_order=True).head(4 * top))
+    out: list[list[str]] = [[] for _ in documents]
+    for doc, label in zip(scored["doc"].to_list(), scored["label"].to_list(), strict=True):
+        if len(out[doc]) < top and label not in out[doc]:
+            out[doc].append(label)
     return out
 
 
 class ExtractiveSummarizer:
     """The embedded default (no LLM): the name is the community's most distinctive terms
-    (TF-IDF of member names and key facts against the group's other communities); the
-    summary lists the most central members and their most mentioned facts."""
+    (TF-IDF of member names, weighted by centrality, and key facts against the group's other
+    communities); the summary lists the most central members and their most mentioned
+    facts."""
 
     def __init__(self, config: CommunitiesConfig) -> None:
         self.config = config
@@ -480,8 +495,10 @@ class ExtractiveSummarizer:
         wanted = {d.community_id for d in targets}
         # The targets' terms are scored against every community of the group.
         documents = [d for d in group if d.community_id not in wanted] + list(targets)
-        top = distinctive_terms([[*d.member_names, *d.facts] for d in documents],
-                                self.config.name_terms)[-len(targets):]
+        texts = [[*((n, 1 + w, True) for n, w in zip(d.member_names, d.member_strength,
+                                                     strict=True)),
+                  *((f, 1.0, False) for f in d.facts)] for d in documents]
+        top = distinctive_terms(texts, self.config.name_terms)[-len(targets):]
         return [self._text(d, words) for d, words in zip(targets, top, strict=True)]
 
     def _text(self, digest: CommunityDigest, words: list[str]) -> CommunityText:

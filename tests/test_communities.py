@@ -3,6 +3,7 @@ session `corpus_build`, which runs the communities stage; no extra Ray build her
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -212,18 +213,24 @@ def test_extractive_name_and_summary():
     result = refresh(graph_of(tables(edges, names=names)))
     rows = {tuple(sorted(r["members"])): r for r in result.rows.to_pylist()}
     globex = rows[("g", "m", "r", "t")]
-    assert globex["name"].split(", ")[0] == "Globex"  # the most frequent distinctive term
-    assert "Initech" not in globex["name"]
+    # the most distinctive terms, each shown as the most central member name holding it
+    # (Maria Lopez and Ticket T-17 are equally central: the term order breaks the tie)
+    assert globex["name"] == "Globex Corporation, Robert Kim, Maria Lopez"
     assert globex["summary"].startswith("4 members, most central: Globex Corporation, Robert Kim")
     assert "Key facts: Robert Kim works with Globex Corporation." in globex["summary"]
-    initech = rows[("f", "i", "k")]
-    assert "Initech" in initech["name"]
+    assert sorted(rows[("f", "i", "k")]["name"].split(", ")) == [
+        "Finance", "Initech Inc.", "Kevin Brooks"]
 
 
 def test_distinctive_terms_prefer_terms_of_one_community():
-    top = C.distinctive_terms([["Acme Sales", "Acme Support", "Globex"],
-                               ["Acme Sales", "Initech", "Initech Inc."]], 1)
-    assert top == [["Globex"], ["Initech"]]
+    def doc(*names: str) -> list[tuple[str, float, bool]]:
+        return [(n, 1.0, True) for n in names] + [("Acme sells seats", 1.0, False)]
+
+    top = C.distinctive_terms([doc("Globex", "Acme Sales"), doc("Initech Inc.", "Acme Sales")],
+                              2)
+    # "globex" / "initech" are in one community each; "acme" in both but said twice in each
+    # (a name and the fact); "inc" is a legal suffix, "sales", "sells", "seats" said once.
+    assert top == [["Globex", "Acme Sales"], ["Initech Inc.", "Acme Sales"]]
 
 
 def test_member_rows_flatten():
@@ -241,3 +248,101 @@ def community_of(db, group: str) -> dict[str, str]:
         "SELECT e.name, m.community_id FROM community_members m "
         "JOIN entities e USING (entity_id, group_id) WHERE m.group_id = ?", [group]).fetchall()
     return dict(rows)
+
+
+def test_corpus_storylines_come_out_as_communities(corpus_db):
+    """tests/corpus/EXPECTED.md: in acme, each customer account is a storyline with its own
+    people (Globex: its CTO Robert Kim, ticket T-17 and Sam Patel, who owns it; Initech: Kevin
+    Brooks and account owner Alice Chen; Hooli: Priya Nair and Daniel Okafor, who owns the
+    rollout; Massive Dynamic: Nina Sharp, records only); household is one family."""
+    acme = community_of(corpus_db, "acme")
+    globex = {acme[n] for n in ("Globex Corporation", "Robert Kim", "Ticket T-17", "Sam Patel")}
+    initech = {acme[n] for n in ("Initech Inc.", "Kevin Brooks", "Alice Chen")}
+    hooli = {acme[n] for n in ("Hooli", "Priya Nair", "Daniel Okafor")}
+    massive = {acme[n] for n in ("Massive Dynamic", "Nina Sharp")}
+    assert all(len(c) == 1 for c in (globex, initech, hooli, massive))
+    assert len(globex | initech | hooli | massive) == 4  # four distinct accounts
+    household = community_of(corpus_db, "household")
+    assert len({household[n] for n in ("Tom Walker", "Alice Walker", "Helen Walker",
+                                       "Mark Walker", "Riverside Elementary")}) == 1
+    names = dict(corpus_db.execute(
+        "SELECT community_id, name FROM communities WHERE group_id = 'acme'").fetchall())
+    assert names[acme["Globex Corporation"]].startswith("Globex Corporation")
+    assert names[acme["Initech Inc."]].startswith("Initech Inc.")
+
+
+def test_corpus_communities_are_consistent_and_within_their_group(corpus_build, corpus_db):
+    bad = corpus_db.execute("""
+        SELECT count(*) FROM community_members m
+        JOIN communities c USING (community_id)
+        LEFT JOIN entities e ON e.entity_id = m.entity_id AND e.group_id = m.group_id
+        WHERE e.entity_id IS NULL OR c.group_id <> m.group_id""").fetchone()[0]
+    assert bad == 0  # every member is an entity of the community's own group
+    sizes = corpus_db.execute("""
+        SELECT c.size, count(m.entity_id) FROM communities c
+        JOIN community_members m USING (community_id) GROUP BY c.community_id, c.size
+        """).fetchall()
+    assert sizes and all(size == members >= CONFIG.min_size for size, members in sizes)
+    assert corpus_db.execute("SELECT count(*) - count(DISTINCT entity_id) "
+                             "FROM community_members").fetchone()[0] == 0
+    summary = corpus_build.summary
+    assert summary["communities"] == len(sizes) and summary["communities_extended"] == 0
+    vectors = corpus_db.execute("SELECT count(*) FROM communities "
+                                "WHERE name_embedding IS NULL OR name = ''").fetchone()[0]
+    assert vectors == 0  # every name embedded (searchable)
+
+
+def snapshot_tables(snapshot: Path) -> dict[str, pa.Table]:
+    from jobs.refresh_communities import INPUT_COLUMNS, read_table
+
+    return {name: read_table(snapshot, name) for name in INPUT_COLUMNS}
+
+
+def test_corpus_rerun_gives_identical_communities(corpus_build):
+    """Label propagation again over the published tables (the refresh job's path) gives the
+    stage's communities exactly: same ids, members, names and summaries; no drift."""
+    from jobs.refresh_communities import refresh_tables
+    from pipeline.config import TkgConfig
+
+    tables = snapshot_tables(corpus_build.snapshot)
+    columns = ["community_id", "group_id", "name", "summary", "size", "members"]
+    published = pq.read_table(corpus_build.snapshot / "communities", partitioning=None)
+    for _ in range(2):
+        rows, report = refresh_tables(tables, TkgConfig(), NOW)
+        assert report["overall"]["nmi"] == 1.0 and report["overall"]["ari"] == 1.0
+        assert rows.select(columns[:5]).sort_by("community_id").equals(
+            schema.conform(published, rows.schema).select(columns[:5]).sort_by("community_id"))
+    members = {(r["community_id"], e) for r in rows.to_pylist() for e in r["members"]}
+    stored = pq.read_table(corpus_build.snapshot / "community_members", partitioning=None)
+    assert members == set(zip(stored["community_id"].to_pylist(),
+                              stored["entity_id"].to_pylist(), strict=True))
+
+
+def test_refresh_job_publishes_a_new_snapshot(corpus_build, tmp_path):
+    """`tkg communities refresh` on a copy of the corpus store: a new snapshot, the other
+    tables hard-linked, the same communities (nothing drifted), CURRENT switched."""
+    import shutil
+
+    from jobs.cli import main
+    from pipeline import store
+
+    copy = tmp_path / "store"
+    shutil.copytree(corpus_build.snapshot.parents[1], copy, copy_function=os.link,
+                    ignore=shutil.ignore_patterns("work"))
+    old = store.current_snapshot(copy)
+    assert main(["communities", "refresh", "--store", str(copy), "--run-id", "refresh-1",
+                 "--json"]) == 0
+    new = store.current_snapshot(copy)
+    assert new.name == "refresh-1" and store.read_manifest(new)["refreshed_from"] == old.name
+    summary = store.read_manifest(new)["summary"]
+    assert summary["drift"]["nmi"] == 1.0 and summary["drift"]["ari"] == 1.0
+    assert summary["communities"] == corpus_build.summary["communities"]
+    fact_file = next((old / "facts").rglob("part-*.parquet"))
+    assert (new / fact_file.relative_to(old)).stat().st_ino == fact_file.stat().st_ino
+    with store.connect(copy) as con:
+        refreshed = sorted(con.execute("SELECT community_id, name, size FROM communities"
+                                       ).fetchall())
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
+    with store.connect(corpus_build.snapshot.parents[1]) as con:
+        assert refreshed == sorted(con.execute("SELECT community_id, name, size "
+                                               "FROM communities").fetchall())
