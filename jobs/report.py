@@ -181,6 +181,14 @@ def section_llm(ctx: Context) -> str:
         per_stage = query(ctx.con, f"""
             PIVOT ({unions}) ON measure USING sum(value) ORDER BY run_id, stage""")
         out += "<h3>per stage</h3>" + table_html(per_stage)
+    summary = ctx.manifest.get("summary") or {}
+    by_stage = summary.get("llm_calls_by_stage") or {}
+    if by_stage:  # this run's calls per stage are in its manifest, not (yet) in `runs`
+        out += (f"<h3>calls per stage, run {esc(ctx.run_id)}</h3>"
+                + table_html(Frame(["stage", "calls"], sorted(by_stage.items())))
+                + f"<p>calls per episode (extraction, resolution, invalidation): "
+                  f"{esc(summary.get('llm_calls_per_episode'))}; retries: "
+                  f"{esc(summary.get('llm_retries', 0))}</p>")
     return out
 
 

@@ -18,7 +18,7 @@ def section(page: str, key: str) -> str:
     return match.group(1)
 
 
-def empty_store(root: Path, run_id: str = "empty-1") -> Path:
+def empty_store(root: Path, run_id: str = "empty-1", summary: dict | None = None) -> Path:
     """A published snapshot whose tables all exist and are empty (no Ray needed)."""
     from pipeline import schema, store
 
@@ -27,7 +27,8 @@ def empty_store(root: Path, run_id: str = "empty-1") -> Path:
         store.write_empty(snapshot / table, table_schema(384))
     store.build_catalog(snapshot, list(schema.PUBLISHED))
     store.write_manifest(snapshot, {"run_id": run_id, "created_at": "2026-01-01T00:00:00+00:00",
-                                    "embedding": {"model": "m", "dim": 384}, "summary": {}})
+                                    "embedding": {"model": "m", "dim": 384},
+                                    "summary": summary or {}})
     store.switch_current(root, run_id)
     return root
 
@@ -77,6 +78,16 @@ def test_report_on_empty_snapshot(tmp_path):
             assert report.NONE_YET in body, s.key
     assert '<td>episodes</td><td class="num">0</td>' in section(page, "counts")
     assert "data:image/png" not in page
+
+
+def test_report_llm_calls_per_stage_from_the_manifest(tmp_path):
+    summary = {"llm_calls_by_stage": {"extract": 205, "resolve": 3},
+               "llm_calls_per_episode": 1.015, "llm_retries": 2}
+    llm = section(report.render_report(empty_store(tmp_path / "s", summary=summary)), "llm")
+    assert '<td>extract</td><td class="num">205</td>' in llm
+    assert '<td>resolve</td><td class="num">3</td>' in llm
+    assert "calls per episode (extraction, resolution, invalidation): 1.01" in llm
+    assert "retries: 2" in llm
 
 
 def test_report_escapes_data():
