@@ -27,7 +27,10 @@ STORE = STORE if STORE.is_absolute() else ROOT / STORE  # relative to the reposi
 '''
 
 SETUP = '''\
+import json
+
 import matplotlib.pyplot as plt
+import polars as pl
 
 from pipeline import store
 
@@ -206,6 +209,14 @@ for column in per_stage:  # names come from the catalog's own columns
     display(sql(f"""SELECT run_id, e.key AS stage, e.value AS {column}
                    FROM (SELECT run_id, unnest(map_entries({column})) AS e FROM runs)
                    ORDER BY run_id, stage"""))
+# LLM calls per stage are in each run's manifest (snapshots that `tkg gc` removed are gone).
+manifests = [json.loads(p.read_text()) for p in sorted(STORE.glob("snapshots/*/manifest.json"))]
+calls = pl.DataFrame(
+    [{"run_id": m["run_id"], "stage": stage, "calls": n} for m in manifests
+     for stage, n in ((m.get("summary") or {}).get("llm_calls_by_stage") or {}).items()],
+    schema={"run_id": pl.String, "stage": pl.String, "calls": pl.Int64})
+if not none_yet(calls, "LLM calls per stage"):
+    display(calls.pivot(on="stage", index="run_id", values="calls").fill_null(0))
 llm
 '''),
     ("md", "## Rejects by reason"),
