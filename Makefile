@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: demo test install install-dev lint bench clean
+.PHONY: demo test install install-dev lint bench clean docs report
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -40,6 +40,15 @@ lint: $(DEVSTAMP)
 
 bench: $(STAMP)
 	$(BIN)/tkg bench build --episodes 20000
+
+# Generated docs: the config reference and the notebooks (tests fail when they are stale).
+docs: $(DEVSTAMP)
+	$(BIN)/tkg docs config
+	$(BIN)/python notebooks/make_notebooks.py
+
+# One HTML page about the demo store (after `make demo`).
+report: $(STAMP)
+	$(BIN)/tkg report --store $(DEMO) --out $(DEMO)/report.html
 
 clean:
 	rm -rf $(VENV) .tkg
