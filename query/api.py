@@ -32,15 +32,17 @@ from query.search import (
     bm25,
     cosine,
     entities_in_scope,
+    gather,
     make_scope,
     neighbours,
+    order_reached,
+    terms,
     vectors_of,
 )
 from query.snapshot import QueryError, Snapshot, open_snapshot
 
 KINDS = ("facts", "entities", "communities", "episodes")
 ENTITY_PROVENANCE = 2  # newest episodes cited per top entity
-PROVENANCE_WEIGHTS = (1.0, 1.0, 0.5)  # episode hits, facts' sources, entities' sources
 
 
 @dataclass
@@ -238,7 +240,7 @@ class _Run:
             self._vector = self.r.embed(self.text)
         return self._vector
 
-    def hits(self, kind: str, method: str) -> Hits:
+    def hits(self, kind: str, method: str) -> Any:
         table = self.snap.kinds[kind]
         if method == "cosine":
             return cosine(table, self.vector, self.scope, self.pool, self.r.config)
@@ -246,14 +248,20 @@ class _Run:
 
     def result(self) -> SearchResult:
         parts = {k: getattr(self.recipe, k) for k in KINDS if getattr(self.recipe, k)}
-        lists: dict[str, list[list[int]]] = {}
-        for kind, part in parts.items():
-            lists[kind] = [[r for r, _ in self.hits(kind, m)] for m in part.methods
-                           if m != "bfs"]
+        wanted = [(kind, m) for kind, part in parts.items() for m in part.methods if m != "bfs"]
+        found = gather([self.hits(kind, m) for kind, m in wanted])
+        lists: dict[str, list[list[int]]] = {kind: [] for kind in parts}
+        for (kind, _), hits in zip(wanted, found, strict=True):
+            lists[kind].append([r for r, _ in hits])
         if any("bfs" in p.methods for p in parts.values()):
             expansion = bfs(self.snap, self._seeds(lists), self.scope, self.recipe.bfs_hops,
                             self.recipe.bfs_max_edges)
-            reached = {"facts": list(expansion.facts), "entities": list(expansion.entities)}
+            words = terms(self.text)
+            reached = {
+                "facts": order_reached(expansion.facts, self.snap.kinds["facts"].meta["fact"],
+                                       words),
+                "entities": order_reached(expansion.entities,
+                                          self.snap.kinds["entities"].meta["name"], words)}
             for kind, part in parts.items():
                 if "bfs" in part.methods:
                     lists[kind].append(reached.get(kind, []))
@@ -354,7 +362,7 @@ class _Run:
         hits = ranked.get("episodes", [])
         if self.recipe.provenance:
             hits = rerank.rrf([[r for r, _ in hits], fact_sources, entity_sources],
-                              self.recipe.rrf_k, PROVENANCE_WEIGHTS)[:self.limit]
+                              self.recipe.rrf_k, self.recipe.provenance_weights)[:self.limit]
         episodes = snap.kinds["episodes"].meta
         for row, score in hits:
             result.episodes.append(EpisodeHit(

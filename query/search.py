@@ -11,10 +11,12 @@ Query text only ever reaches the engine as data: a vector, or the terms of a Mat
 
 from __future__ import annotations
 
+import asyncio
 import re
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -115,32 +117,43 @@ def where(kind: str, scope: Scope) -> str:
     return " AND ".join(parts)
 
 
-def cosine(kind: Kind, vector: np.ndarray, scope: Scope, limit: int,
-           config: QueryConfig) -> Hits:
+async def cosine(kind: Kind, vector: np.ndarray, scope: Scope, limit: int,
+                 config: QueryConfig) -> Hits:
     """Nearest rows by cosine similarity (exact below the ANN threshold, IVF above)."""
-    if kind.table is None or limit <= 0:
+    if kind.atable is None or limit <= 0:
         return []
-    query = (kind.table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
-             .distance_type("cosine").where(where(kind.name, scope), prefilter=True)
+    query = (kind.atable.query().nearest_to(np.asarray(vector, dtype=np.float32))
+             .column("vector").distance_type("cosine").where(where(kind.name, scope))
              .select(["row", "_distance"]).limit(limit))
     if kind.ann:
         query = query.nprobes(config.nprobes).refine_factor(config.refine_factor)
-    result = query.to_arrow()
+    result = await query.to_arrow()
     rows = result["row"].to_pylist()
     return [(r, 1.0 - d) for r, d in zip(rows, result["_distance"].to_pylist(), strict=True)]
 
 
-def bm25(kind: Kind, text: str, scope: Scope, limit: int) -> Hits:
+async def bm25(kind: Kind, text: str, scope: Scope, limit: int) -> Hits:
     """BM25 over the native full-text index; the text is matched as terms, never parsed."""
     from lancedb.query import MatchQuery
 
     text = " ".join(text[:MAX_QUERY_CHARS].split())
-    if kind.table is None or limit <= 0 or not text:
+    if kind.atable is None or limit <= 0 or not text:
         return []
-    result = (kind.table.search(MatchQuery(text, "text"), query_type="fts")
-              .where(where(kind.name, scope), prefilter=True)
-              .select(["row", "_score"]).limit(limit).to_arrow())
+    result = await (kind.atable.query().nearest_to_text(MatchQuery(text, "text"))
+                    .where(where(kind.name, scope)).select(["row", "_score"]).limit(limit)
+                    .to_arrow())
     return list(zip(result["row"].to_pylist(), result["_score"].to_pylist(), strict=True))
+
+
+def gather(searches: list[Coroutine[Any, Any, Hits]]) -> list[Hits]:
+    """Run searches concurrently on LanceDB's event loop (they wait on I/O and Rust
+    threads, so one query's searches overlap instead of queueing)."""
+    from lancedb.background_loop import LOOP
+
+    async def together() -> list[Hits]:
+        return list(await asyncio.gather(*searches))
+
+    return LOOP.run(together())
 
 
 def vectors_of(kind: Kind, rows: Sequence[int], scope: Scope) -> dict[int, np.ndarray]:
@@ -223,6 +236,28 @@ def bfs(snapshot: Snapshot, origins: Sequence[int], scope: Scope, hops: int,
                     nxt.append(end)
         frontier = np.array(nxt, dtype=np.int64)
     return reached
+
+
+WORD = re.compile(r"[^\W_]+")
+
+
+def terms(text: str) -> frozenset[str]:
+    """Lower-case words of the query longer than two letters (a cheap lexical signal)."""
+    return frozenset(w for w in WORD.findall(text[:MAX_QUERY_CHARS].lower()) if len(w) > 2)
+
+
+def order_reached(reached: dict[int, int], texts: Any, query_terms: frozenset[str]) -> list[int]:
+    """Rows reached by BFS, nearest hop first and, within a hop, those sharing more words
+    with the query first (BFS order breaks ties), so RRF sees a meaningful ranking."""
+    rows = list(reached)
+    if not rows:
+        return rows
+    import pyarrow as pa
+
+    values = texts.take(pa.array(rows, pa.int64())).to_pylist()
+    overlap = [len(query_terms & terms(v or "")) for v in values]
+    order = sorted(range(len(rows)), key=lambda i: (reached[rows[i]], -overlap[i], i))
+    return [rows[i] for i in order]
 
 
 def _support(snapshot: Snapshot) -> np.ndarray:

@@ -25,6 +25,7 @@ class Kind:
 
     name: str
     table: Any  # lancedb Table (None when the snapshot has no rows of this kind)
+    atable: Any  # the same table, async (what searches use)
     meta: pa.Table
     ann: bool  # has a vector index (else exact search)
 
@@ -104,14 +105,18 @@ def open_snapshot(snapshot: Path) -> Snapshot:
         raise store.StoreError(
             f"snapshot {snapshot.name} has no retrieval indexes ({lance_dir} is missing); "
             "it was published before query indexes existed: rebuild it with `tkg build`")
+    from lancedb.background_loop import LOOP
+
     db = lancedb.connect(str(lance_dir))
+    adb = LOOP.run(lancedb.connect_async(str(lance_dir)))
     kinds: dict[str, Kind] = {}
     for name in SPECS:
         table = db.open_table(name)
         rows = table.count_rows()
         indexed = {tuple(i.columns) for i in table.list_indices()} if rows else set()
-        kinds[name] = Kind(name, table if rows else None, _meta(table, rows),
-                           ("vector",) in indexed)
+        kinds[name] = Kind(name, table if rows else None,
+                           LOOP.run(adb.open_table(name)) if rows else None,
+                           _meta(table, rows), ("vector",) in indexed)
     all_groups = sorted({g for k in kinds.values()
                          for g in pc.unique(k.meta["group_id"]).to_pylist() if g})
     groups = {g: i for i, g in enumerate(all_groups)}

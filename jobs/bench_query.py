@@ -1,0 +1,250 @@
+"""`tkg bench query --facts N`: query latency of the default recipe on a synthetic store.
+
+The store has N facts and, in proportion, N/5 entities, N/4 episodes, N/250 communities,
+spread over `groups` tenants; texts are drawn from a Zipf vocabulary (so BM25 sees skewed
+term frequencies) and vectors from topic clusters (so IVF partitions mean something), of
+the configured width. Queries are embedded by a synthetic embedder (a seeded vector per
+text), so what is timed is retrieval, not the model: per query, search (cosine + BM25 over
+four tables) + 2-hop BFS + RRF + hydration + the context string. Prints p50/p95/p99 in ms
+and the index build time. Never gates on time.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import zlib
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import schema, store
+from pipeline.config import QueryConfig
+
+TOPICS = 512
+VOCABULARY = 20_000
+RELATIONS = ("WORKS_AT", "LIVES_IN", "KNOWS", "OWNS", "ATTENDS", "REPORTS_TO", "MANAGES",
+             "VISITED", "BOUGHT", "STATUS")
+EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
+BUILT = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+class SyntheticEmbedder:
+    """A seeded unit vector per text near one of the topic centroids: as cheap as a hash."""
+
+    def __init__(self, centroids: np.ndarray) -> None:
+        self.centroids = centroids
+        self.dim = centroids.shape[1]
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            rng = np.random.default_rng(zlib.crc32(text.encode()))
+            v = self.centroids[rng.integers(len(self.centroids))] + 0.3 * rng.standard_normal(
+                self.dim, dtype=np.float32) / np.sqrt(self.dim)
+            out[i] = v / np.linalg.norm(v)
+        return out
+
+
+def _vectors(rng: np.random.Generator, centroids: np.ndarray, topics: np.ndarray,
+             chunk: int = 100_000) -> pa.FixedSizeListArray:
+    dim = centroids.shape[1]
+    parts = []
+    for start in range(0, len(topics), chunk):
+        t = topics[start:start + chunk]
+        v = centroids[t] + 0.5 * rng.standard_normal((len(t), dim), dtype=np.float32) / np.sqrt(dim)
+        v /= np.linalg.norm(v, axis=1, keepdims=True)
+        parts.append(v.astype(np.float32).reshape(-1))
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+    return pa.FixedSizeListArray.from_arrays(pa.array(flat), dim)
+
+
+def _texts(rng: np.random.Generator, count: int, words: int, vocab: np.ndarray,
+           prefix: list[str] | None = None) -> list[str]:
+    ids = np.minimum(rng.zipf(1.3, size=(count, words)) - 1, len(vocab) - 1)
+    body = [" ".join(vocab[row]) for row in ids]
+    return [f"{p} {b}" for p, b in zip(prefix, body, strict=True)] if prefix else body
+
+
+def synth_tables(facts: int, dim: int, groups: int, seed: int) -> tuple[dict[str, pa.Table],
+                                                                         np.ndarray]:
+    """The published tables of a synthetic store, and its topic centroids."""
+    rng = np.random.default_rng(seed)
+    centroids = rng.standard_normal((TOPICS, dim), dtype=np.float32)
+    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
+    vocab = np.array([f"w{i}" for i in range(VOCABULARY)])
+    n_ent, n_ep = max(facts // 5, groups * 2), max(facts // 4, groups)
+    n_com = max(facts // 250, groups)
+    group_names = np.array([f"g{i:03d}" for i in range(groups)])
+
+    ent_group = np.arange(n_ent) % groups
+    ent_ids = np.array([f"e{i}" for i in range(n_ent)])
+    names = [f"Entity{i}" for i in range(n_ent)]
+    first_seen = EPOCH + np.arange(n_ent) % 1800 * timedelta(days=1)
+    entities = pa.table({
+        "entity_id": ent_ids, "group_id": group_names[ent_group], "name": names,
+        "labels": pa.array([["Thing"]] * n_ent, pa.list_(pa.string())),
+        "summary": _texts(rng, n_ent, 8, vocab),
+        "name_embedding": _vectors(rng, centroids, rng.integers(TOPICS, size=n_ent)),
+        "created_at": pa.array([BUILT] * n_ent, schema.TS), "first_seen": pa.array(
+            list(first_seen), schema.TS), "mention_count": rng.integers(1, 20, size=n_ent)})
+
+    ep_group = np.arange(n_ep) % groups
+    ep_ids = np.array([f"p{i}" for i in range(n_ep)])
+    ep_time = [EPOCH + timedelta(minutes=int(m)) for m in rng.integers(0, 5 * 525_600, n_ep)]
+    episodes = pa.table({
+        "episode_id": ep_ids, "group_id": group_names[ep_group], "source_id": ep_ids,
+        "kind": ["message"] * n_ep,
+        "conversation_id": [f"c{i // 20}" for i in range(n_ep)],
+        "content": _texts(rng, n_ep, 24, vocab),
+        "valid_at": pa.array(ep_time, schema.TS), "created_at": pa.array([BUILT] * n_ep,
+                                                                         schema.TS),
+        "content_embedding": _vectors(rng, centroids, rng.integers(TOPICS, size=n_ep))})
+
+    src = rng.integers(n_ent, size=facts)
+    fact_group = ent_group[src]
+    per_group = n_ent // groups
+    tgt = fact_group + groups * rng.integers(per_group, size=facts)
+    episode_of = fact_group + groups * rng.integers(n_ep // groups, size=facts)
+    relation = np.array(RELATIONS)[rng.integers(len(RELATIONS), size=facts)]
+    valid = rng.integers(0, 1800, size=facts)
+    closed = rng.random(facts) < 0.2
+    invalid = [EPOCH + timedelta(days=int(v + 30)) if c else None
+               for v, c in zip(valid, closed, strict=True)]
+    prefix = [f"{names[s]} {r.lower()} {names[t]}" for s, r, t in zip(src, relation, tgt,
+                                                                       strict=True)]
+    facts_table = pa.table({
+        "edge_id": [f"f{i}" for i in range(facts)], "version": pa.array(
+            np.ones(facts, dtype=np.int32)), "group_id": group_names[fact_group],
+        "source_entity_id": ent_ids[src], "target_entity_id": ent_ids[tgt],
+        "relation": relation, "fact": _texts(rng, facts, 6, vocab, prefix),
+        "fact_embedding": _vectors(rng, centroids, rng.integers(TOPICS, size=facts)),
+        "episode_ids": pa.array([[e] for e in ep_ids[episode_of]], pa.list_(pa.string())),
+        "valid_at": pa.array([EPOCH + timedelta(days=int(v)) for v in valid], schema.TS),
+        "invalid_at": pa.array(invalid, schema.TS),
+        "created_at": pa.array([BUILT] * facts, schema.TS)})
+
+    mentions = pa.table({"episode_id": np.concatenate([ep_ids, ep_ids]),
+                         "entity_id": np.concatenate([ent_ids[ep_group + groups * rng.integers(
+                             per_group, size=n_ep)] for _ in range(2)]),
+                         "group_id": np.concatenate([group_names[ep_group]] * 2)})
+    communities = pa.table({
+        "community_id": [f"k{i}" for i in range(n_com)],
+        "group_id": group_names[np.arange(n_com) % groups],
+        "name": [f"Community{i}" for i in range(n_com)], "summary": _texts(rng, n_com, 16, vocab),
+        "name_embedding": _vectors(rng, centroids, rng.integers(TOPICS, size=n_com)),
+        "size": rng.integers(2, 50, size=n_com), "created_at": pa.array([BUILT] * n_com,
+                                                                        schema.TS)})
+    tables = {"entities": entities, "episodes": episodes, "facts": facts_table,
+              "mentions": mentions, "communities": communities}
+    published = {name: schema.conform(t, schema.PUBLISHED[name](dim)) for name, t in tables.items()}
+    return published, centroids
+
+
+def write_store(root: Path, tables: dict[str, pa.Table], dim: int,
+                config: QueryConfig) -> dict[str, Any]:
+    """A published snapshot of the synthetic tables: mentions as Parquet (the graph reads
+    them), the retrieval indexes, a manifest, CURRENT."""
+    from query.index import build_indexes
+
+    run_id = "bench-1"
+    snapshot = store.prepare_snapshot(root, run_id)
+    (snapshot / "mentions").mkdir(parents=True)
+    pq.write_table(tables["mentions"], snapshot / "mentions" / "part-0.parquet")
+    figures = build_indexes(snapshot, dim, config, tables=tables)
+    store.write_manifest(snapshot, {"run_id": run_id, "embedding": {"model": "synthetic",
+                                                                     "dim": dim},
+                                    "config": {"query": config.model_dump()},
+                                    "retrieval": figures})
+    store.switch_current(root, run_id)
+    return figures
+
+
+def _workload(tables: dict[str, pa.Table], queries: int, seed: int) -> list[dict[str, Any]]:
+    """Varied queries: words of a random fact of a random group; some point-in-time."""
+    rng = np.random.default_rng(seed + 1)
+    facts = tables["facts"]
+    picks = rng.integers(facts.num_rows, size=queries)
+    texts = facts["fact"].take(pa.array(picks)).to_pylist()
+    groups = facts["group_id"].take(pa.array(picks)).to_pylist()
+    work = []
+    for i, (text, group) in enumerate(zip(texts, groups, strict=True)):
+        words = text.split()
+        chosen = rng.choice(len(words), size=min(4, len(words)), replace=False)
+        query: dict[str, Any] = {"text": " ".join(words[j] for j in sorted(chosen)),
+                                 "group_ids": [group]}
+        if i % 5 == 1:
+            query["as_of"] = (EPOCH + timedelta(days=int(rng.integers(1800)))).isoformat()
+        work.append(query)
+    return work
+
+
+def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 10,
+                workdir: str | None = None, seed: int = 0,
+                config: QueryConfig | None = None) -> dict[str, Any]:
+    import query
+    from query.context import build_context
+
+    config = config or QueryConfig()
+    root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tkg-bench-query-"))
+    if root.exists() and any(root.iterdir()):
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    tables, centroids = synth_tables(facts, dim, groups, seed)
+    generated = time.perf_counter() - started
+    index = write_store(root, tables, dim, config)
+    work = _workload(tables, queries, seed)
+    counts = {name: tables[name].num_rows for name in ("facts", "entities", "episodes",
+                                                        "communities")}
+    del tables
+    started = time.perf_counter()
+    retriever = query.open(root, embedder=SyntheticEmbedder(centroids), config=config)
+    opened = time.perf_counter() - started
+    for q in work[:20]:  # warm-up: page caches, index metadata
+        retriever.search(q["text"], q["group_ids"], as_of=q.get("as_of"))
+    latencies, returned = [], 0
+    from rich.progress import track
+
+    for q in track(work, description=f"{queries} queries", transient=True):
+        t0 = time.perf_counter()
+        result = retriever.search(q["text"], q["group_ids"], as_of=q.get("as_of"))
+        build_context(result, config.context_tokens)
+        latencies.append((time.perf_counter() - t0) * 1000)
+        returned += len(result.facts)
+    ms = np.array(latencies)
+    figures = {
+        **counts, "dim": dim, "groups": groups, "queries": queries,
+        "recipe": config.recipe, "vector_index": {k: v["vector_index"] for k, v in index.items()
+                                                  if isinstance(v, dict)},
+        "generate_s": round(generated, 1), "index_build_s": index["seconds"],
+        "index_build_s_per_table": {k: v["seconds"] for k, v in index.items()
+                                    if isinstance(v, dict)},
+        "open_s": round(opened, 2),
+        "p50_ms": round(float(np.percentile(ms, 50)), 2),
+        "p95_ms": round(float(np.percentile(ms, 95)), 2),
+        "p99_ms": round(float(np.percentile(ms, 99)), 2),
+        "mean_ms": round(float(ms.mean()), 2),
+        "facts_per_query": round(returned / max(queries, 1), 2),
+        "store": str(root),
+    }
+    if not workdir:
+        shutil.rmtree(root, ignore_errors=True)
+    return figures
+
+
+def print_figures(figures: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"tkg bench query: {figures['facts']:,} facts, {figures['dim']}-d")
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for key, value in figures.items():
+        table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
+    Console().print(table)

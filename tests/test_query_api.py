@@ -1,0 +1,189 @@
+"""`query.open` on a tiny hand-built store (no Ray): both timelines, tenancy, hostile input,
+the JSON shape, snapshot switching, the context budget."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from query.search import Filters, make_scope, where
+from query.snapshot import QueryError
+from tests.query_store import T1, T2, build_store, eid
+
+FACT_KEYS = ["edge_id", "fact", "relation", "source", "target", "valid_at", "invalid_at",
+             "score", "episodes"]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    from pipeline.config import TkgConfig
+    from query.api import snapshot_embedder
+
+    return snapshot_embedder({"config": TkgConfig().model_dump(), "embedding": {}})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, embedder):
+    import query
+
+    root = build_store(tmp_path_factory.mktemp("tiny-store"), embedder)
+    return query.open(root)
+
+
+def facts(result) -> dict[str, dict]:
+    return {f.fact: f for f in result.facts}
+
+
+def test_json_shape_is_exact(tiny):
+    out = tiny.search("Where does Ana Silva live?", ["g1"], limit=5).to_dict()
+    assert list(out) == ["facts", "entities", "communities", "episodes"]
+    assert all(list(f) == FACT_KEYS for f in out["facts"])
+    assert all(list(e) == ["entity_id", "name", "summary", "score"] for e in out["entities"])
+    assert all(list(e) == ["episode_id", "source_id", "content", "valid_at", "score"]
+               for e in out["episodes"])
+    assert out["communities"] == []
+    json.dumps(out)  # plain JSON types only
+    lisbon = next(f for f in out["facts"] if f["target"] == "Lisbon")
+    assert lisbon == {**lisbon, "relation": "LIVES_IN", "source": "Ana Silva",
+                      "valid_at": "2024-03-01T00:00:00+00:00", "invalid_at": None,
+                      "episodes": ["m4"]}
+    scores = [f["score"] for f in out["facts"]]
+    assert scores == sorted(scores, reverse=True)
+
+
+def test_as_of_before_and_after_the_move(tiny):
+    before = facts(tiny.search("Where does Ana Silva live?", "g1", as_of="2024-02-01"))
+    after = facts(tiny.search("Where does Ana Silva live?", "g1", as_of="2024-06-01"))
+    now = facts(tiny.search("Where does Ana Silva live?", "g1"))
+    assert "Ana Silva lives in Porto." in before
+    assert "Ana Silva moved to Lisbon." not in before
+    assert "Ana Silva moved to Lisbon." in after and "Ana Silva lives in Porto." not in after
+    assert "Ana Silva lives in Porto." not in now
+    assert before["Ana Silva lives in Porto."].invalid_at == "2024-03-01T00:00:00+00:00"
+
+
+def test_known_at_returns_what_was_believed_then(tiny):
+    between = T1.replace(month=3).isoformat()
+    then = facts(tiny.search("Where does Ana Silva live?", "g1", known_at=between))
+    assert then["Ana Silva lives in Porto."].invalid_at is None  # not yet corrected
+    assert "Ana Silva moved to Lisbon." not in then  # not yet known
+    assert [e.source_id for e in tiny.search("Lisbon", "g1", known_at=between).episodes
+            if e.source_id == "m4"] == []
+    before_anything = tiny.search("Ana Silva", "g1", known_at="2024-12-31")
+    assert before_anything.to_dict() == {"facts": [], "entities": [], "communities": [],
+                                         "episodes": []}
+    now = facts(tiny.search("Where does Ana Silva live?", "g1", known_at=T2.isoformat(),
+                            as_of="2024-02-01"))
+    assert now["Ana Silva lives in Porto."].invalid_at == "2024-03-01T00:00:00+00:00"
+
+
+def _all_text(result) -> str:
+    return json.dumps(result.to_dict())
+
+
+@pytest.mark.parametrize("text", [
+    "Secret Corp Nightingale",
+    "' OR group_id = 'g2' --",
+    'Nightingale" OR "1"="1',
+    "text:Nightingale AND group_id:g2 (",
+    "*", "", "   ", "\\", "Secret\x00Corp", "Nightingale~2^5 +Secret -Ana",
+    "x" * 10_000,
+])
+def test_nothing_from_another_group_whatever_the_text(tiny, text):
+    result = tiny.search(text, ["g1"], limit=20)
+    dumped = _all_text(result)
+    assert "Secret" not in dumped and "Nightingale" not in dumped
+    assert "A different Ana" not in dumped
+
+
+def test_the_other_tenant_sees_its_own_and_both_see_both(tiny):
+    result = tiny.search("Ana Silva employer", ["g2"], limit=20)
+    assert {f.fact for f in result.facts} == {"Ana Silva works at Secret Corp."}
+    assert "Porto" not in _all_text(result) and "Initech" not in _all_text(result)
+    both = tiny.search("Ana Silva works at", ["g1", "g2"], limit=20)
+    assert {"Ana Silva works at Secret Corp.", "Ana Silva works at Initech."} <= set(facts(both))
+
+
+@pytest.mark.parametrize("groups", [["g1' OR '1'='1"], ["g1", "g2)"], [""], ["g1\n"], [],
+                                    ["a" * 129], [None]])
+def test_invalid_group_ids_are_refused(tiny, groups):
+    with pytest.raises(QueryError):
+        tiny.search("Ana", groups)
+
+
+def test_origins_and_centers_of_another_group_are_refused(tiny):
+    with pytest.raises(QueryError, match="not an entity of the groups"):
+        tiny.search("Ana", ["g1"], origins=[eid("g2", "Secret Corp")])
+    with pytest.raises(QueryError, match="not an entity of the groups"):
+        tiny.search("Ana", ["g1"], recipe="facts_node_distance", center=eid("g2", "Ana Silva"))
+
+
+def test_bfs_from_given_origins_reaches_two_hops(tiny):
+    result = tiny.search("colleague", ["g1"], recipe="combined_hybrid_rrf",
+                         origins=[eid("g1", "Bruno Costa")], limit=10)
+    # Bruno -> Initech (1 hop) -> Ana Silva (2 hops): Ana's employment fact is reached
+    assert "Ana Silva works at Initech." in facts(result)
+
+
+def test_node_distance_recipe_ranks_by_hops_from_center(tiny):
+    result = tiny.search("works", ["g1"], recipe="facts_node_distance",
+                         center=eid("g1", "Bruno Costa"))
+    order = [f.fact for f in result.facts]
+    assert order.index("Bruno Costa works at Initech.") < order.index(
+        "Ana Silva works at Initech.")
+    with pytest.raises(QueryError, match="center"):
+        tiny.search("works", ["g1"], recipe="facts_node_distance")
+
+
+@pytest.mark.parametrize("recipe", ["facts_hybrid_mmr", "facts_episode_mentions",
+                                    "combined_cross_encoder", "entities_hybrid_rrf",
+                                    "communities_hybrid_rrf", "episodes_flat_rrf"])
+def test_every_recipe_runs_within_its_group(tiny, recipe):
+    result = tiny.search("Where does Ana Silva work?", ["g1"], recipe=recipe)
+    assert "Secret" not in _all_text(result)
+    assert result.facts or result.entities or result.episodes or recipe.startswith("comm")
+
+
+def test_filters_are_validated_and_applied(tiny):
+    result = tiny.search("Ana Silva", ["g1"], filters=Filters(relations=("WORKS_AT",)))
+    assert {f.relation for f in result.facts} == {"WORKS_AT"}
+    with pytest.raises(QueryError):
+        make_scope(["g1"], filters=Filters(relations=("WORKS_AT') OR ('1",)))
+    with pytest.raises(QueryError):
+        make_scope(["g1"], filters=Filters(labels=("Person'",)))
+    with pytest.raises(QueryError, match="ISO-8601"):
+        make_scope(["g1"], as_of="last tuesday")
+    clause = where("facts", make_scope(["g1", "g2"], as_of="2024-01-01T00:00:00Z"))
+    assert clause.startswith("group_id IN ('g1', 'g2') AND ")
+    assert "valid_at_us <= 1704067200000000" in clause
+
+
+def test_context_respects_the_budget_and_shows_date_ranges(tiny):
+    text = tiny.context("Where does Ana Silva live?", ["g1"], as_of="2024-02-01")
+    assert "Ana Silva lives in Porto. (Date range: 2024-01-05 - 2024-03-01)" in text
+    assert "<EPISODES>" in text and "[m1, 2024-01-05] Ana Silva lives in Porto." in text
+    now = tiny.context("Where does Ana Silva live?", ["g1"])
+    assert "Ana Silva moved to Lisbon. (Date range: 2024-03-01 - present)" in now
+    from query.context import tokens
+
+    for budget in (60, 120, 400):
+        small = tiny.context("Where does Ana Silva live?", ["g1"], max_tokens=budget)
+        assert tokens(small) <= budget + 1
+
+
+def test_a_new_snapshot_is_picked_up_without_reopening(tmp_path, embedder):
+    import query
+    from pipeline import store
+
+    root = build_store(tmp_path / "s", embedder)
+    retriever = query.open(root)
+    assert retriever.snapshot().run_id == "tiny-1"
+    first = retriever.snapshot()
+    assert retriever.snapshot() is first  # unchanged CURRENT: nothing reopened
+    shutil.copytree(root / "snapshots" / "tiny-1", root / "snapshots" / "tiny-2")
+    manifest = store.read_manifest(root / "snapshots" / "tiny-2")
+    store.write_manifest(root / "snapshots" / "tiny-2", {**manifest, "run_id": "tiny-2"})
+    store.switch_current(root, "tiny-2")
+    assert retriever.search("Ana", ["g1"]).run_id == "tiny-2"

@@ -1,0 +1,114 @@
+"""Rerankers on hand-built cases, including the two Graphiti gets wrong."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from query import rerank
+from query.recipes import RECIPES, Part, get_recipe
+
+
+def test_rrf_sums_reciprocal_ranks_and_dedups_within_a_list():
+    fused = rerank.rrf([["a", "b", "c"], ["c", "a"], ["a", "a", "d"]], k=1)
+    scores = dict(fused)
+    assert scores["a"] == pytest.approx(1 / 2 + 1 / 3 + 1 / 2)
+    assert scores["c"] == pytest.approx(1 / 4 + 1 / 2)
+    assert scores["d"] == pytest.approx(1 / 3)  # the duplicate "a" does not push "d" down
+    assert [key for key, _ in fused] == ["a", "c", "b", "d"]
+
+
+def test_rrf_weights():
+    fused = rerank.rrf([["x"], ["y"]], k=0, weights=[1.0, 2.0])
+    assert fused == [("y", 2.0), ("x", 1.0)]
+
+
+def test_mmr_prefers_a_diverse_second_pick():
+    query = np.array([1.0, 0.0, 0.0])
+    vectors = np.array([[0.9, 0.436, 0.0], [0.88, 0.475, 0.0], [0.85, -0.527, 0.0]])
+    keys = ["best", "near_duplicate", "different"]
+    assert [k for k, _ in rerank.mmr(query, keys, vectors, lam=0.5)] == [
+        "best", "different", "near_duplicate"]
+    # lambda = 1 is plain relevance order
+    assert [k for k, _ in rerank.mmr(query, keys, vectors, lam=1.0)] == [
+        "best", "near_duplicate", "different"]
+    assert rerank.mmr(query, keys, vectors, lam=0.5, limit=1)[0][0] == "best"
+    assert rerank.mmr(query, [], np.zeros((0, 3))) == []
+    with pytest.raises(ValueError, match="lambda"):
+        rerank.mmr(query, keys, vectors, lam=1.5)
+
+
+def test_episode_mentions_ranks_more_mentions_higher():
+    """Graphiti's episode_mentions sorted ascending; more mentions must come first."""
+    ranked = rerank.episode_mentions(["rare", "common", "middle", "tie"],
+                                     {"rare": 1, "common": 9, "middle": 4, "tie": 4})
+    assert ranked == [("common", 9.0), ("middle", 4.0), ("tie", 4.0), ("rare", 1.0)]
+
+
+GRAPH = {  # a chain c - a - b - d, plus an island e - f
+    "c": ["a"], "a": ["c", "b"], "b": ["a", "d"], "d": ["b"], "e": ["f"], "f": ["e"]}
+
+
+def test_shortest_hops_is_true_bfs_not_one_hop():
+    """Graphiti's node distance only looked one hop out; BFS gives the true distances."""
+    hops = rerank.shortest_hops("c", lambda n: GRAPH[n])
+    assert hops == {"c": 0, "a": 1, "b": 2, "d": 3}
+    assert rerank.shortest_hops("c", lambda n: GRAPH[n], max_hops=2) == {"c": 0, "a": 1, "b": 2}
+
+
+def test_node_distance_orders_facts_by_nearest_endpoint():
+    hops = rerank.shortest_hops("c", lambda n: GRAPH[n])
+    facts = {"far": ("b", "d"), "island": ("e", "f"), "near": ("c", "a"), "mid": ("a", "b")}
+    ranked = rerank.node_distance(["island", "far", "mid", "near"], facts, hops)
+    assert [k for k, _ in ranked] == ["near", "mid", "far", "island"]
+    assert dict(ranked) == {"near": 1.0, "mid": 0.5, "far": pytest.approx(1 / 3), "island": 0.0}
+
+
+class KeywordEncoder:
+    """A transparent cross-encoder for the test: counts query words in the passage."""
+
+    def score(self, query: str, passages: list[str]) -> np.ndarray:
+        words = set(query.lower().split())
+        return np.array([len(words & set(p.lower().split())) for p in passages], dtype=float)
+
+
+def test_cross_encoder_reorders_by_joint_score_with_stable_ties():
+    ranked = rerank.cross_encoder("maria globex", ["a", "b", "c"],
+                                  ["nothing here", "maria joined globex", "maria"],
+                                  KeywordEncoder())
+    assert ranked == [("b", 2.0), ("c", 1.0), ("a", 0.0)]
+
+
+def test_bi_encoder_second_pass_scores_by_cosine():
+    class Axis:
+        dim = 2
+
+        def embed(self, texts):
+            return np.array([[1.0, 0.0] if "x" in t else [0.0, 1.0] for t in texts])
+
+    scores = rerank.BiEncoderSecondPass(Axis()).score("x", ["x marks", "nothing", "x"])
+    assert scores.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_bge_reranker_needs_the_gpu_extra():
+    try:
+        import FlagEmbedding  # noqa: F401
+    except ImportError:
+        with pytest.raises(RuntimeError, match="gpu"):
+            rerank.BGEReranker()
+    else:
+        pytest.skip("FlagEmbedding is installed: the class loads real weights")
+
+
+def test_recipes_are_frozen_data():
+    recipe = get_recipe("combined_hybrid_rrf")
+    with pytest.raises(AttributeError):
+        recipe.bfs_hops = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        RECIPES["mine"] = recipe  # type: ignore[index]
+    with pytest.raises(ValueError, match="unknown recipe"):
+        get_recipe("nope")
+    with pytest.raises(ValueError):
+        Part(("cosine", "grep"))
+    assert {"facts_hybrid_rrf", "facts_hybrid_mmr", "facts_node_distance",
+            "entities_hybrid_rrf", "combined_hybrid_rrf", "combined_cross_encoder"} <= set(RECIPES)
