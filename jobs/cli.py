@@ -153,6 +153,10 @@ def parser() -> argparse.ArgumentParser:
     bench_build.add_argument("--json", action="store_true")
     bench_build.set_defaults(fn=cmd_bench_build)
 
+    from jobs import bench_resolution  # entity resolution at scale (issue 3)
+
+    bench_resolution.add_command(benches)
+
     from query.commands import add_query_commands  # retrieval (issue 6): search, context, eval
 
     add_query_commands(commands, benches)
