@@ -189,7 +189,8 @@ class VllmConfig(_Section):
 
 class LlmConfig(_Section):
     """The LLM behind extraction and the batched judgements. API keys never live in a config
-    (configs are stored with every run): the key is read from the variable `api_key_env`."""
+    (configs are stored with every run): the key is read from the variable `api_key_env`.
+    Ambiguous entity pairs go to it with `resolve.adjudicator: llm`."""
 
     backend: Literal["none", "openai", "vllm"] = "none"
     endpoints: tuple[str, ...] = Field((), description="OpenAI-compatible base URLs (…/v1)")
@@ -205,7 +206,6 @@ class LlmConfig(_Section):
     max_tokens: int = Field(2048, ge=16, description="per completion")
     structured_output: bool = Field(True, description="send the JSON schema as a constraint")
     reflexion: bool = Field(False, description="a second call per episode for missed items")
-    judge_pairs: bool = Field(True, description="adjudicate ambiguous entity pairs")
     judge_invalidation: bool = Field(True, description="judge undecided invalidation pairs")
     judge_batch_size: int = Field(20, ge=1, description="items per judgement call")
     summary_batch_size: int = Field(40, ge=1, description="members per summary map call")

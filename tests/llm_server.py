@@ -6,7 +6,10 @@ A request is matched to a recording by the episode in its prompt (the text after
 "Current episode:"), or else by the first line of its system prompt (judgements). Each key
 has a `plan` of faults served on its first requests, in order, before the recorded answer:
 `429` (with Retry-After: 0), `500`, `timeout` (the answer comes after the client gave up),
-`malformed` (200 with prose instead of JSON; a second `malformed` is JSON of wrong types).
+`malformed` (200 with prose instead of JSON; a second `malformed` is JSON of wrong types),
+`slow` (answers after `slow_sleep`), `reject_schema` (a 400 naming response_format, as
+servers without structured outputs answer). It also records the most requests it ever had
+in flight at once and the Authorization header it saw.
 """
 
 from __future__ import annotations
@@ -46,10 +49,13 @@ class RecordedLLM:
     """Start with `with RecordedLLM(recorded) as server:`; `server.urls` are the base URLs."""
 
     def __init__(self, recorded: dict[str, dict], endpoints: int = 2,
-                 timeout_sleep: float = 2.0) -> None:
+                 timeout_sleep: float = 2.0, slow_sleep: float = 0.2) -> None:
         self.recorded = recorded
         self.endpoints = endpoints
         self.timeout_sleep = timeout_sleep
+        self.slow_sleep = slow_sleep
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.lock = threading.Lock()
         self.seen: dict[str, int] = {}
         self.log: list[dict[str, Any]] = []
@@ -86,13 +92,26 @@ class RecordedLLM:
         plan = (self.recorded.get(key) or {}).get("plan", [])
         return (plan[count] if count < len(plan) else "answer"), count
 
-    def respond(self, body: dict[str, Any], port: int) -> tuple[int, dict[str, str], bytes]:
+    def respond(self, body: dict[str, Any], port: int, auth: str | None = None
+                ) -> tuple[int, dict[str, str], bytes]:
         """(status, headers, body) for one request; also what the tests assert on."""
+        with self.lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            return self._respond(body, port, auth)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+    def _respond(self, body: dict[str, Any], port: int, auth: str | None
+                 ) -> tuple[int, dict[str, str], bytes]:
         messages = body.get("messages") or []
         key = request_key(messages)
         action, count = self._next_action(key)
-        entry = {"key": key, "action": action, "port": port, "n": count,
-                 "structured": "response_format" in body, "messages": len(messages)}
+        entry = {"key": key, "action": action, "port": port, "n": count, "auth": auth,
+                 "structured": "response_format" in body, "messages": len(messages),
+                 "at": time.monotonic()}
         with self.lock:
             self.log.append(entry)
         if key not in self.recorded:
@@ -101,8 +120,12 @@ class RecordedLLM:
             return 429, {"Retry-After": "0"}, b'{"error": "rate limited"}'
         if action == "500":
             return 500, {}, b'{"error": "internal error"}'
+        if action == "reject_schema":
+            return 400, {}, b'{"error": "response_format json_schema is not supported"}'
         if action == "timeout":
             time.sleep(self.timeout_sleep)
+        if action == "slow":
+            time.sleep(self.slow_sleep)
         malformed = sum(1 for e in self.log[:-1] if e["key"] == key and e["action"] ==
                         "malformed")
         text = (MALFORMED[min(malformed, 1)] if action == "malformed"
@@ -136,7 +159,8 @@ class RecordedLLM:
                 except json.JSONDecodeError:
                     self.send_error(400, "request body is not JSON")
                     return
-                status, headers, payload = server.respond(body, self.server.server_address[1])
+                status, headers, payload = server.respond(
+                    body, self.server.server_address[1], self.headers.get("Authorization"))
                 try:
                     self.send_response(status)
                     for name, value in {"Content-Type": "application/json", **headers}.items():

@@ -13,6 +13,8 @@ from llm_server import RecordedLLM, load_recorded
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
+pytestmark = pytest.mark.timeout(1800)  # one small build; slow only on a crowded machine
+
 CONVERSATION = "acme-conv-2024-01-15"
 RECORDS = ("crm-cust-001", "crm-cust-002", "crm-cust-004")
 TWICE_MALFORMED = "acme-conv-2024-01-15-m08"
@@ -34,10 +36,10 @@ def llm_build(ray_session, config, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("llm-build")
     inputs, count = _slice(tmp)
-    with RecordedLLM(load_recorded("acme_conv.json"), timeout_sleep=3.0) as server:
+    with RecordedLLM(load_recorded("acme_conv.json"), timeout_sleep=6.5) as server:
         llm = config.llm.model_copy(update={
             "backend": "openai", "endpoints": tuple(server.urls), "model": "recorded",
-            "timeout_s": 1.0, "backoff_s": 0.01, "concurrency": 4, "max_retries": 3,
+            "timeout_s": 5.0, "backoff_s": 0.01, "concurrency": 4, "max_retries": 3,
         })
         cfg = config.model_copy(update={
             "extract": config.extract.model_copy(update={"backend": "llm"}), "llm": llm})

@@ -87,6 +87,13 @@ def load_json_object(text: str | None) -> tuple[dict[str, Any], bool]:
     start = body.find("{")
     if start < 0:
         raise ParseError("the answer holds no JSON object")
+    if (bracket := body.find("[")) >= 0 and bracket < start:
+        try:
+            listed, _ = json.JSONDecoder().raw_decode(body[bracket:])
+        except json.JSONDecodeError:
+            listed = None
+        if isinstance(listed, list):
+            raise ParseError("expected a JSON object, got list")
     body = body[start:]
     try:
         value, _ = json.JSONDecoder().raw_decode(body)
