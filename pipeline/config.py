@@ -157,6 +157,9 @@ DEFAULT_RELATION_CLASSES = (
 class FactsConfig(_Section):
     relation_classes: tuple[RelationClass, ...] = DEFAULT_RELATION_CLASSES
     negation_prefix: str = "NOT_"
+    summary_facts: int = Field(
+        3, description="facts (that still hold, best attested) in an entity's extractive summary"
+    )
 
 
 class TemporalConfig(_Section):

@@ -211,3 +211,45 @@ def version_edge(stored: list[dict], current: dict | None, now: datetime) -> lis
                                                    default=0) + 1, "created_at": now,
                          "expired_at": None})
     return versions
+
+
+SUMMARY_SOURCES = pa.schema([
+    ("group_id", pa.string()), ("entity_id", pa.string()), ("fact", pa.string()),
+    ("episodes", pa.int64()), ("valid_at", schema.TS),
+])
+SUMMARIES = pa.schema([("group_id", pa.string()), ("entity_id", pa.string()),
+                       ("summary", pa.string())])
+
+
+def summary_sources(edges: pa.Table) -> pa.Table:
+    """Each fact that still holds, once for each of its two entities."""
+    import pyarrow.compute as pc
+
+    holding = edges.filter(pc.is_null(edges["invalid_at"]))
+    episodes = pc.list_value_length(holding["episode_ids"]).cast(pa.int64())
+    sides = [pa.table({"group_id": holding["group_id"], "entity_id": holding[column],
+                       "fact": holding["fact"], "episodes": episodes,
+                       "valid_at": holding["valid_at"]}, schema=SUMMARY_SOURCES)
+             for column in ("source_entity_id", "target_entity_id")]
+    return pa.concat_tables(sides)
+
+
+def entity_summaries(sources: pa.Table, max_facts: int) -> pa.Table:
+    """An extractive summary per entity: the texts of its `max_facts` facts that still hold,
+    best attested first (most episodes, then most recent). The LLM path may replace it."""
+    import polars as pl
+
+    if sources.num_rows == 0:
+        return SUMMARIES.empty_table()
+    keys = ["group_id", "entity_id"]
+    sentence = pl.col("fact").str.strip_chars()
+    top = (pl.from_arrow(sources).with_columns(
+               fact=pl.when(sentence.str.contains(r"[.!?]$")).then(sentence)
+               .otherwise(sentence + "."))
+           .filter(pl.col("fact").str.len_chars() > 1)
+           .unique([*keys, "fact"], keep="first")
+           .sort([*keys, "episodes", "valid_at", "fact"],
+                 descending=[False, False, True, True, False], nulls_last=True)
+           .group_by(keys, maintain_order=True)
+           .agg(summary=pl.col("fact").head(max_facts).str.join(" ")))
+    return schema.conform(top.to_arrow(), SUMMARIES)

@@ -293,6 +293,7 @@ WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "resolution_pairs": lambda _dim: RESOLUTION_PAIRS,
     "alias_map": lambda _dim: ALIAS_MAP,
     "resolved_entities": lambda _dim: RESOLVED_ENTITIES,
+    "entities_summarized": lambda _dim: RESOLVED_ENTITIES,
     "entity_aliases": lambda _dim: ENTITY_ALIASES,
     "mentions": lambda _dim: MENTIONS,
     "merged_facts": lambda _dim: MERGED_FACTS,

@@ -356,7 +356,21 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
         from pipeline.llm.judges import judge_invalidations  # what the rules left undecided
 
         checked = judge_invalidations(ctx, checked)
-    return {"merged_facts": checked}
+    checked = checked.materialize()  # feeds the summaries and the stage output
+    sources = checked.map_batches(facts.summary_sources, batch_format="pyarrow")
+    summaries = shuffled(sources, ["group_id", "entity_id"], facts.entity_summaries, ctx,
+                         config.summary_facts)
+    entities = inputs["resolved_entities"].map_batches(
+        lambda b: b.drop_columns(["summary"]), batch_format="pyarrow").join(
+        summaries.map_batches(lambda b: b.drop_columns(["group_id"]), batch_format="pyarrow"),
+        join_type="left_outer", num_partitions=ctx.partitions, on=("entity_id",)
+    ).map_batches(_no_null_summary, batch_format="pyarrow")
+    return {"merged_facts": checked, "entities_summarized": entities}
+
+
+def _no_null_summary(batch: pa.Table) -> pa.Table:
+    summary = pc.fill_null(batch["summary"], "")
+    return batch.set_column(batch.schema.get_field_index("summary"), "summary", summary)
 
 
 # --- embed --------------------------------------------------------------------------------
@@ -394,7 +408,7 @@ def embed_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     episodes = inputs["episodes"].map_batches(_episode_text, batch_format="pyarrow")
     return {
         "episodes_embedded": embed_column(ctx, episodes, "embed_text", "content_embedding"),
-        "entities": embed_column(ctx, inputs["resolved_entities"], "name", "name_embedding"),
+        "entities": embed_column(ctx, inputs["entities_summarized"], "name", "name_embedding"),
         "facts": embed_column(ctx, inputs["merged_facts"], "fact", "fact_embedding"),
     }
 
@@ -454,8 +468,9 @@ STAGES: tuple[Stage, ...] = (
     Stage("resolve", ("name_vectors", "extractions"),
           ("resolution_pairs", "alias_map", "resolved_entities", "entity_aliases", "mentions"),
           resolve_stage),
-    Stage("facts", ("extractions", "alias_map"), ("merged_facts",), facts_stage),
-    Stage("embed", ("episodes", "resolved_entities", "merged_facts"),
+    Stage("facts", ("extractions", "alias_map", "resolved_entities"),
+          ("merged_facts", "entities_summarized"), facts_stage),
+    Stage("embed", ("episodes", "entities_summarized", "merged_facts"),
           ("episodes_embedded", "entities", "facts"), embed_stage, model=True),
     Stage("versions", ("facts",), ("facts_versioned",), versions_stage),
     Stage("communities", ("entities", "facts_versioned", "mentions"),

@@ -96,3 +96,23 @@ def test_same_fact_in_other_words_is_one_edge_with_both_episodes():
     assert edge["fact"] == "Ana lives in Porto."
     assert edge["version"] == 1 and edge["expired_at"] is None
     assert edge["source_entity_id"] == entity_id("g", "Ana")
+
+
+def test_entity_summaries_list_the_best_attested_facts_that_still_hold():
+    from pipeline.facts import entity_summaries, summary_sources
+
+    t = datetime(2024, 1, 1, tzinfo=UTC)
+    edges = pa.Table.from_pylist([
+        {"edge_id": "e1", "group_id": "g", "source_entity_id": "dan", "target_entity_id": "globex",
+         "fact": "Dan works at Globex", "episode_ids": ["x", "y"], "valid_at": t,
+         "invalid_at": None},
+        {"edge_id": "e2", "group_id": "g", "source_entity_id": "dan", "target_entity_id": "berlin",
+         "fact": "Dan lived in Berlin.", "episode_ids": ["x"], "valid_at": t, "invalid_at": t},
+        {"edge_id": "e3", "group_id": "g", "source_entity_id": "dan", "target_entity_id": "tea",
+         "fact": "Dan likes tea.", "episode_ids": ["z"], "valid_at": None, "invalid_at": None},
+    ], schema=schema.MERGED_FACTS)
+    summaries = {r["entity_id"]: r["summary"] for r in
+                 entity_summaries(summary_sources(edges), 3).to_pylist()}
+    assert summaries["dan"] == "Dan works at Globex. Dan likes tea."
+    assert summaries["globex"] == "Dan works at Globex."
+    assert "berlin" not in summaries  # only facts that still hold
