@@ -54,7 +54,7 @@ class Graph:
     weight: np.ndarray
     fact_src: np.ndarray  # current facts, for summaries: endpoints as vertices
     fact_dst: np.ndarray
-    fact_text: list[str]
+    fact_text: pa.ChunkedArray  # Arrow: millions of facts, a few read
     fact_episodes: np.ndarray  # provenance episodes per fact (how often it was said)
     fact_invalid: np.ndarray  # no longer valid in the world
 
@@ -134,7 +134,7 @@ def build_graph(group_id: str, entities: pa.Table, facts: pa.Table, mentions: pa
         group_id=group_id, entity_ids=ids, names=entities["name"].to_pylist(),
         summaries=summaries, mentions=np.asarray(counts, dtype=np.int64),
         lo=keys // max(n, 1), hi=keys % max(n, 1), weight=weight,
-        fact_src=src, fact_dst=dst, fact_text=current["fact"].to_pylist(),
+        fact_src=src, fact_dst=dst, fact_text=current["fact"],
         fact_episodes=episodes, fact_invalid=invalid,
     )
 
@@ -399,9 +399,9 @@ def digests(graph: Graph, assign: np.ndarray, ids: Sequence[str],
                             assign[graph.fact_src[rows]]))]
     rows = rows[_first_per_group(assign[graph.fact_src[rows]], 4 * config.summary_facts)]
     facts: dict[int, list[str]] = {}
-    for row in rows.tolist():  # a few candidates per community (duplicate wordings dropped)
+    texts = graph.fact_text.take(pa.array(rows, pa.int64())).to_pylist()
+    for row, text in zip(rows.tolist(), texts, strict=True):  # a few per community
         chosen = facts.setdefault(int(assign[graph.fact_src[row]]), [])
-        text = graph.fact_text[row]
         if len(chosen) < config.summary_facts and text and text not in chosen:
             chosen.append(text)
     names = graph.names
@@ -534,16 +534,20 @@ class Previous:
 
 
 class _Clock:
-    """Seconds per step into `timings` (accumulated), or nothing when it is None."""
+    """Wall seconds per step into `timings` (and CPU seconds, all threads, as
+    `<step>_cpu`), accumulated; nothing when `timings` is None."""
 
     def __init__(self, timings: dict[str, float] | None) -> None:
-        self.timings, self.last = timings, time.perf_counter()
+        self.timings = timings
+        self.last, self.last_cpu = time.perf_counter(), time.process_time()
 
     def lap(self, step: str) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if self.timings is not None:
             self.timings[step] = self.timings.get(step, 0.0) + now - self.last
-        self.last = now
+            key = f"{step}_cpu"
+            self.timings[key] = self.timings.get(key, 0.0) + cpu - self.last_cpu
+        self.last, self.last_cpu = now, cpu
 
 
 @dataclass(frozen=True)
