@@ -26,7 +26,7 @@ from pipeline.embed import EmbedColumn
 from pipeline.extract import EpisodeInput, build_extractor
 from pipeline.extract.llm import dataset_extractor
 from pipeline.extract.records import record_text
-from pipeline.llm.usage import count_llm
+from pipeline.llm.usage import count_llm, take_usage, usage_snapshot, with_usage
 from pipeline.resume import resumable
 
 
@@ -294,7 +294,9 @@ class AdjudicateBatch:
     def __call__(self, pairs: pa.Table) -> pa.Table:
         from pipeline.adjudicate import adjudicate
 
-        return adjudicate(pairs, self.judge, self.batch_size)[0]
+        before = usage_snapshot(self.judge)
+        judged = adjudicate(pairs, self.judge, self.batch_size)[0]
+        return with_usage(judged, before, usage_snapshot(self.judge))  # counted by the stage
 
 
 def _undecided(pairs: Dataset) -> int:
@@ -316,6 +318,7 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
         pairs = pairs.map_batches(
             AdjudicateBatch, fn_constructor_args=(ctx.config,), batch_format="pyarrow",
             compute=ActorPoolStrategy(size=1), num_cpus=1).materialize()
+        pairs = take_usage(ctx, pairs, "resolve").materialize()  # LLM judges' calls, tokens
         ctx.count("adjudicated_pairs", undecided - _undecided(pairs))
     every_node = nodes.map_batches(resolve.node_pairs, batch_format="pyarrow")
     alias_map = shuffled(pairs.union(every_node), ["group_id"], resolve.cluster, ctx

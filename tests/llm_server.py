@@ -23,6 +23,7 @@ from typing import Any
 
 RECORDED = Path(__file__).resolve().parent / "llm_recorded"
 EPISODE_MARK = "Current episode:"
+REFLEXION_MARK = "Extraction so far:"
 MALFORMED = (
     "Sure! Robert Kim wants the fix before February, so the entities are Robert Kim and "
     "the dashboard.",
@@ -40,7 +41,10 @@ def request_key(messages: list[dict[str, str]]) -> str:
     for message in messages:
         content = message.get("content") or ""
         if message.get("role") == "user" and EPISODE_MARK in content:
-            return content.split(EPISODE_MARK, 1)[1].strip()
+            episode = content.split(EPISODE_MARK, 1)[1]
+            if REFLEXION_MARK in episode:  # the reflexion pass: recorded as "reflexion:<text>"
+                return "reflexion:" + episode.split(REFLEXION_MARK, 1)[0].strip()
+            return episode.strip()
     system = next((m["content"] for m in messages if m.get("role") == "system"), "")
     return system.strip().splitlines()[0] if system.strip() else ""
 

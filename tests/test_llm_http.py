@@ -3,6 +3,7 @@ server of tests/llm_server.py (recorded completions, injected faults). No Ray, n
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -171,3 +172,27 @@ def test_openai_yaml_uses_the_environment(monkeypatch):
 def test_llm_extraction_needs_an_llm_backend():
     with pytest.raises(ValueError, match=r"set llm\.backend"):
         TkgConfig(extract={"backend": "llm"})
+
+
+def test_reflexion_adds_what_was_missed():
+    episode = corpus_messages("acme-conv-2024-02-06")[6]  # Maria Lopez: "Please send it ..."
+    first = {"entities": [{"name": "Kevin Brooks", "label": "Person"}], "facts": [
+        {"source": "Kevin Brooks", "target": "Initech", "relation": "FINANCE_LEAD_OF",
+         "fact": "Kevin Brooks is the finance lead of Initech.", "valid_at": None,
+         "invalid_at": None, "date_text": None, "undated": False}]}
+    missed = {"entities": [{"name": "Alice Chen", "label": "Person"}], "facts": [
+        first["facts"][0],
+        {"source": "Maria Lopez", "target": "Alice Chen", "relation": "ASKED_QUOTE_FROM",
+         "fact": "Maria Lopez asks Alice Chen to send the quote to her and Kevin Brooks.",
+         "valid_at": None, "invalid_at": None, "date_text": None, "undated": False}]}
+    recorded = {episode.content: {"completion": json.dumps(first)},
+                f"reflexion:{episode.content}": {"completion": json.dumps(missed)}}
+    with RecordedLLM(recorded) as server:
+        config = TkgConfig(extract={"backend": "llm"},
+                           llm=llm_config(server.urls, reflexion=True))
+        [found] = LlmExtractor(config).extract([episode])
+    assert [e["key"].startswith("reflexion:") for e in server.log] == [False, True]
+    assert [e.name for e in found.entities] == [
+        "Maria Lopez", "Kevin Brooks", "Initech", "Alice Chen"]
+    assert [f.relation for f in found.facts] == ["FINANCE_LEAD_OF", "ASKED_QUOTE_FROM"]
+    assert found.llm_calls == 2 and found.error is None

@@ -134,3 +134,34 @@ def test_community_summaries_map_reduce():
         False, False, True, True]
     assert [(t.name, t.summary) for t in texts] == [
         ("Hooli rollout team", "Daniel Okafor and Priya Nair run Hooli.")] * 2
+
+
+def test_usage_of_judges_in_actors_reaches_the_run_counters(ray_session):
+    """AdjudicateBatch runs in a Ray actor: its judge's calls come back as `llm_*` columns
+    on the pairs and the stage counts and drops them (pipeline.llm.usage)."""
+    import ray.data
+
+    from pipeline.llm.base import Completion, Usage
+    from pipeline.llm.usage import take_usage, usage_snapshot, with_usage
+
+    class Owner:
+        usage = Usage()
+
+    owner = Owner()
+    before = usage_snapshot(owner)
+    owner.usage.add(Completion(text="{}", prompt_tokens=120, completion_tokens=9, attempts=2))
+    owner.usage.add(Completion(text="{}", prompt_tokens=100, completion_tokens=7))
+    table = with_usage(pa.table({"a": ["x", "y"]}), before, usage_snapshot(owner))
+    counters: dict[str, int] = {}
+
+    class Ctx:
+        def count(self, name, value):
+            counters[name] = counters.get(name, 0) + value
+
+    ds = ray.data.from_arrow([table, with_usage(pa.table({"a": ["z"]}), {}, {
+        "llm_calls": 1, "llm_prompt_tokens": 50, "llm_completion_tokens": 5,
+        "llm_retries": 0, "llm_failures": 0})]).materialize()
+    out = take_usage(Ctx(), ds, "resolve")
+    assert out.schema().names == ["a"] and out.count() == 3
+    assert counters == {"llm_calls": 3, "llm_prompt_tokens": 270, "llm_completion_tokens": 21,
+                        "llm_retries": 1, "llm_failures": 0, "llm_calls_resolve": 3}

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import pyarrow as pa
 import pyarrow.compute as pc
 from ray.data import Dataset
 
 from pipeline.llm.base import Usage
+from pipeline.llm.prompting import prompt_set_version
 
 USAGE_COLUMNS = ("llm_calls", "llm_prompt_tokens", "llm_completion_tokens", "llm_retries")
 
@@ -57,4 +59,36 @@ def llm_summary(counters: dict[str, int], episodes: int) -> dict[str, object]:
                                for name, value in sorted(counters.items())
                                if name.startswith("llm_calls_") and value},
         "llm_calls_per_episode": round(budgeted / episodes, 3) if episodes else 0.0,
+        "llm_prompts": prompt_set_version() if calls else None,  # which templates ran
     }
+
+
+def usage_snapshot(owner: object) -> dict[str, int]:
+    """The run counters of whatever LLM `owner` holds (`owner.usage`), zeros without one."""
+    usage = getattr(owner, "usage", None)
+    return usage.counters() if isinstance(usage, Usage) else dict.fromkeys(
+        Usage().counters(), 0)
+
+
+def with_usage(table: pa.Table, before: dict[str, int], after: dict[str, int]) -> pa.Table:
+    """A batch with what its LLM calls cost, as `llm_*` columns on its first row: for LLM
+    steps that run in Ray actors, whose Usage the driver never sees."""
+    for name, value in after.items():
+        column = [value - before.get(name, 0)] + [0] * (table.num_rows - 1)
+        table = table.append_column(name, pa.array(column[:table.num_rows], pa.int64()))
+    return table
+
+
+def take_usage(ctx: Counts, ds: Dataset, stage: str) -> Dataset:
+    """Count the `llm_*` columns of a materialized dataset under `stage`, then drop them."""
+    names = [n for n in Usage().counters() if n in (ds.schema().names if ds.schema() else [])]
+    if not names:
+        return ds
+    totals = dict.fromkeys(names, 0)
+    for batch in ds.select_columns(names).iter_batches(batch_format="pyarrow", batch_size=None):
+        for name in names:
+            totals[name] += int(pc.sum(batch[name]).as_py() or 0)
+    for name, value in totals.items():
+        ctx.count(name, value)
+    ctx.count(f"llm_calls_{stage}", totals.get("llm_calls", 0))
+    return ds.drop_columns(names)
