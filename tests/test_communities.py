@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -185,6 +186,33 @@ def test_extend_without_previous_communities_refreshes():
     graph = graph_of(tables(clique("a", 4)))
     extended = C.group_communities(graph, C.Previous.empty(), CONFIG, NOW, "extend")
     assert extended.rows.equals(refresh(graph).rows)
+
+
+def test_stage_block_extends_previous_communities_per_group():
+    """The stage's glue without Ray: every input as COMMUNITY_INPUT rows of two groups in one
+    block, the previous snapshot's communities among them, extended group by group."""
+    base = [*clique("a", 4), *clique("b", 4)]
+    before = refresh(graph_of(tables(base)))
+    now = tables([*base, ("n1", "a0"), ("n1", "a1")])
+
+    def rows(group: str, table: pa.Table, kind: str) -> pa.Table:
+        table = table.append_column("group_id", pa.array([group] * table.num_rows, pa.string()))
+        return C.input_rows(table, kind)
+
+    previous_rows = before.rows.set_column(1, "group_id", pa.array(["g"] * 2, pa.string()))
+    block = pa.concat_tables([
+        *(rows(group, now["entities"], "entity") for group in ("g", "h")),
+        *(rows(group, now["facts"], "fact") for group in ("g", "h")),
+        rows("g", C.member_rows(previous_rows).drop_columns(["group_id"]), "member"),
+        rows("g", previous_rows.drop_columns(["group_id"]), "community"),
+    ])
+    out = C.community_block(block, CONFIG, NOW, "extend")
+    by_group = {g: out.filter(pc.equal(out["group_id"], g)) for g in ("g", "h")}
+    assert sum(by_group["g"]["placed"].to_pylist()) == 1  # n1 joined a's community
+    assert by_group["g"]["community_id"].to_pylist() == before.rows["community_id"].to_pylist()
+    assert sum(by_group["h"]["placed"].to_pylist()) == 0  # no previous: refreshed
+    assert sorted(map(sorted, by_group["h"]["members"].to_pylist())) == [
+        ["a0", "a1", "a2", "a3", "n1"], ["b0", "b1", "b2", "b3"]]
 
 
 # --- drift --------------------------------------------------------------------------------
