@@ -29,6 +29,8 @@ COUNT_ROWS = (
     ("communities", "communities"),
     ("communities_extended", "entities placed in communities by extension"),
     ("llm_calls", "LLM calls"),
+    ("llm_tokens", "LLM tokens (prompt + completion)"),
+    ("llm_retries", "LLM retries (429, 5xx, timeouts)"),
 )
 
 
