@@ -134,6 +134,7 @@ class Retriever:
         self._stamp: tuple[int, int, int] | None = None
         self._snapshot: Snapshot | None = None
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_lock = threading.Lock()
         self.snapshot()
 
     # --- snapshot and models -----------------------------------------------------------
@@ -179,12 +180,17 @@ class Retriever:
 
     def embed(self, text: str) -> np.ndarray:
         """The query's vector (a small LRU: eval and retries ask the same text again)."""
-        if text not in self._vectors:
-            self._vectors[text] = np.asarray(self.embedder.embed([text])[0], dtype=np.float32)
+        with self._cache_lock:
+            cached = self._vectors.get(text)
+            if cached is not None:
+                self._vectors.move_to_end(text)
+                return cached
+        vector = np.asarray(self.embedder.embed([text])[0], dtype=np.float32)
+        with self._cache_lock:
+            self._vectors[text] = vector
             if len(self._vectors) > 1024:
                 self._vectors.popitem(last=False)
-        self._vectors.move_to_end(text)
-        return self._vectors[text]
+        return vector
 
     # --- the query ------------------------------------------------------------------
     def search(self, text: str, group_ids: Sequence[str] | str, recipe: str | Recipe | None = None,
@@ -325,6 +331,7 @@ class _Run:
             ends = ({k: (int(self.snap.fact_src[k]), int(self.snap.fact_tgt[k])) for k in keys}
                     if kind == "facts" else {k: (k,) for k in keys})
             return rerank.node_distance(keys, ends, distances)
+        keys = keys[:max(self.recipe.cross_encoder_top, self.limit)]
         texts = [passage(meta, kind, k, self.snap) for k in keys]
         return rerank.cross_encoder(self.text, keys, texts, self.r.cross_encoder)
 

@@ -35,7 +35,12 @@ def date_range(valid_at: str | None, invalid_at: str | None) -> str:
 
 
 def _day(iso: str) -> str:
-    return iso[:10] if iso.endswith("00:00:00+00:00") else iso.replace("+00:00", "Z")
+    """2024-06-01 at midnight UTC, else 2024-06-01 14:03 (UTC; other zones keep theirs)."""
+    if iso.endswith("T00:00:00+00:00"):
+        return iso[:10]
+    if iso.endswith("+00:00") and len(iso) >= 16:
+        return f"{iso[:10]} {iso[11:16]}"
+    return iso
 
 
 def _sections(result: Any) -> list[tuple[str, str, list[str]]]:
@@ -46,8 +51,10 @@ def _sections(result: Any) -> list[tuple[str, str, list[str]]]:
                    for c in result.communities]
     episodes = [f"  - [{e.source_id}, {_day(e.valid_at) if e.valid_at else 'undated'}] "
                 f"{' '.join(e.content.split())}" for e in result.episodes]
-    return [("FACTS", FACTS_INTRO, facts), ("ENTITIES", ENTITIES_INTRO, entities),
-            ("COMMUNITIES", COMMUNITIES_INTRO, communities),
+    # the same line twice (one fact stated in two sources) costs tokens and says nothing new
+    return [("FACTS", FACTS_INTRO, list(dict.fromkeys(facts))),
+            ("ENTITIES", ENTITIES_INTRO, list(dict.fromkeys(entities))),
+            ("COMMUNITIES", COMMUNITIES_INTRO, list(dict.fromkeys(communities))),
             ("EPISODES", EPISODES_INTRO, episodes)]
 
 

@@ -48,6 +48,7 @@ class Recipe:
     bfs_seeds: int = 5  # top hits of each kind whose entities seed the expansion
     candidates: int = 40  # per method, before reranking
     rrf_k: int = 60
+    cross_encoder_top: int = 20  # RRF's top candidates re-scored by the cross-encoder
     mmr_lambda: float = 0.5
 
 
