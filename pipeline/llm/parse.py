@@ -128,7 +128,7 @@ def _flag(value: Any) -> bool:
     return bool(value)
 
 
-def parse_when(value: Any, date_text: str | None, t_ref: datetime) -> datetime | None:
+def parse_when(value: Any, t_ref: datetime) -> datetime | None:
     """A fact's date as the model wrote it -> UTC. ISO-8601 first (no zone means UTC); other
     text goes through the same resolver as the spaCy path, against t_ref."""
     text = _text(value)
@@ -181,8 +181,8 @@ def extraction_from(data: dict[str, Any], episode: EpisodeInput) -> Extraction:
             continue
         relation = relation_name(_text(item.get("relation")) or "RELATED_TO")
         date_text = _text(item.get("date_text"))
-        valid_at = parse_when(item.get("valid_at"), date_text, episode.valid_at)
-        invalid_at = parse_when(item.get("invalid_at"), None, episode.valid_at)
+        valid_at = parse_when(item.get("valid_at"), episode.valid_at)
+        invalid_at = parse_when(item.get("invalid_at"), episode.valid_at)
         if valid_at is None and invalid_at is None and date_text:
             valid_at = resolve_date(date_text, episode.valid_at)
         fact = _text(item.get("fact")) or f"{source} {relation.replace('_', ' ').lower()} {target}"
