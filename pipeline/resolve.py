@@ -349,7 +349,8 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
         ["group_id", "normalized", "normalized_b", "kind"], keep="first", maintain_order=True)
     compatible = (pl.col("digits") == pl.col("digits_b")) & (
         (pl.col("cls") == "") | (pl.col("cls_b") == "") | (pl.col("cls") == pl.col("cls_b")))
-    pairs = pairs.filter(compatible)
+    same_core = (pl.col("kind") == "d") & (pl.col("core") == pl.col("core_b"))  # c: has it
+    pairs = pairs.filter(compatible & ~same_core)
     if pairs.height == 0:
         return PAIRS.empty_table()
     similarity = np.zeros(pairs.height)
