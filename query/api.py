@@ -295,12 +295,13 @@ class _Run:
     def _conversation_entities(self, recent: int = 4) -> list[int]:
         if not self.conversation_id:
             return []
+        import pyarrow as pa
         import pyarrow.compute as pc
 
         episodes = self.snap.kinds["episodes"].meta
         mask = pc.equal(episodes["conversation_id"], self.conversation_id)
         mask = pc.and_(mask, pc.is_in(episodes["group_id"],
-                                      value_set=__import__("pyarrow").array(self.scope.groups)))
+                                      value_set=pa.array(self.scope.groups, pa.string())))
         mask = pc.and_(mask, pc.less_equal(episodes["created_at_us"], self.scope.known_at))
         rows = np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
         newest = rows[np.argsort(-episodes["valid_at_us"].to_numpy()[rows])][:recent]

@@ -217,7 +217,7 @@ def bfs(snapshot: Snapshot, origins: Sequence[int], scope: Scope, hops: int,
     ones first), so a hub cannot make one query unbounded."""
     reached = Expansion(entities={e: 0 for e in entities_in_scope(snapshot, origins, scope)})
     frontier = np.array(list(reached.entities), dtype=np.int64)
-    support = _support(snapshot)
+    support = snapshot.fact_support
     for hop in range(1, max(hops, 0) + 1):
         if len(frontier) == 0:
             break
@@ -258,18 +258,6 @@ def order_reached(reached: dict[int, int], texts: Any, query_terms: frozenset[st
     overlap = [len(query_terms & terms(v or "")) for v in values]
     order = sorted(range(len(rows)), key=lambda i: (reached[rows[i]], -overlap[i], i))
     return [rows[i] for i in order]
-
-
-def _support(snapshot: Snapshot) -> np.ndarray:
-    """Provenance episodes per fact row (cached on the snapshot)."""
-    cached = getattr(snapshot, "_support", None)
-    if cached is None:
-        import pyarrow.compute as pc
-
-        lengths = pc.list_value_length(snapshot.kinds["facts"].meta["episode_ids"])
-        cached = pc.fill_null(lengths, 0).to_numpy(zero_copy_only=False).astype(np.int64)
-        snapshot._support = cached  # type: ignore[attr-defined]
-    return cached
 
 
 def neighbours(snapshot: Snapshot, scope: Scope):

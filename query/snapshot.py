@@ -67,6 +67,7 @@ class Snapshot:
     fact_src: np.ndarray  # entity row of each fact row's source (-1: none)
     fact_tgt: np.ndarray
     fact_times: dict[str, np.ndarray]  # valid_at_us, invalid_at_us, created_at_us, ...
+    fact_support: np.ndarray  # provenance episodes per fact row
     entity_facts: Csr  # entity row -> fact rows touching it
     entity_episodes: Csr  # entity row -> episode rows mentioning it (newest first)
     episode_entities: Csr  # episode row -> entity rows it mentions
@@ -143,9 +144,11 @@ def open_snapshot(snapshot: Path) -> Snapshot:
     episode_entities = Csr.build(m_episode, m_entity, episodes.num_rows)
 
     times = {c: facts[c].to_numpy() for c in facts.column_names if c.endswith("_us")}
+    support = pc.fill_null(pc.list_value_length(facts["episode_ids"]), 0)
     return Snapshot(
         run_id=manifest["run_id"], path=snapshot, manifest=manifest, kinds=kinds,
         groups=groups, group_codes=codes, fact_src=src, fact_tgt=tgt, fact_times=times,
+        fact_support=support.to_numpy(zero_copy_only=False).astype(np.int64),
         entity_facts=entity_facts, entity_episodes=entity_episodes,
         episode_entities=episode_entities,
         entity_rows=dict(zip(entities["entity_id"].to_pylist(), range(n_entities), strict=True)),
