@@ -1,0 +1,48 @@
+"""`tkg bench query` on a tiny synthetic store: the figures are printed (never gated on), and
+the IVF path (tables above `query.ann_min_rows`) answers within its groups."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+from pipeline.config import QueryConfig
+
+
+def test_bench_query_reports_latency_figures(tmp_path):
+    from jobs.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["bench", "query", "--facts", "2000", "--queries", "30", "--json",
+                     "--workdir", str(tmp_path / "bench")])
+    assert code == 0
+    figures = json.loads(out.getvalue())
+    assert figures["facts"] == 2000 and figures["entities"] == 400
+    assert figures["episodes"] == 500 and figures["queries"] == 30
+    assert figures["vector_index"] == {"facts": "exact", "entities": "exact",
+                                       "communities": "exact", "episodes": "exact"}
+    assert figures["p50_ms"] <= figures["p95_ms"] <= figures["p99_ms"]
+    assert figures["facts_per_query"] > 0
+
+
+def test_ivf_tables_answer_within_their_group(tmp_path):
+    import query
+    from jobs.bench_query import SyntheticEmbedder, synth_tables, write_store
+
+    config = QueryConfig(ann_min_rows=1_000, ann_rows_per_partition=256, nprobes=4)
+    tables, centroids = synth_tables(3_000, 32, 3, seed=1)
+    figures = write_store(tmp_path, tables, 32, config)
+    assert figures["facts"]["vector_index"] == "IVF_PQ"
+    assert figures["entities"]["vector_index"] == "exact"  # 600 rows: below the threshold
+    retriever = query.open(tmp_path, embedder=SyntheticEmbedder(centroids), config=config)
+    fact = tables["facts"]["fact"][7].as_py()
+    group = tables["facts"]["group_id"][7].as_py()
+    result = retriever.search(fact, [group], limit=10)
+    assert len(result.facts) == 10
+    edges = set(tables["facts"].filter(
+        tables["facts"]["group_id"].to_numpy(zero_copy_only=False) == group)["edge_id"]
+        .to_pylist())
+    assert {f.edge_id for f in result.facts} <= edges
+    assert tables["facts"]["edge_id"][7].as_py() in {f.edge_id for f in result.facts}
