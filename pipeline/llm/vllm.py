@@ -160,7 +160,9 @@ def record_extractions(batch: pa.Table, max_depth: int) -> pa.Table:
             found = Extraction(error=f"extraction failed: {type(exc).__name__}: {exc}")
         rows.append({"episode_id": row["episode_id"], "group_id": row["group_id"],
                      "valid_at": row["valid_at"], "entities": [vars(e) for e in found.entities],
-                     "facts": [vars(f) for f in found.facts], "error": found.error})
+                     "facts": [vars(f) for f in found.facts], "error": found.error,
+                     **dict.fromkeys(("llm_calls", "llm_prompt_tokens", "llm_completion_tokens",
+                                      "llm_retries"), 0)})
     return schema.from_rows(rows, schema.EXTRACTIONS)
 
 
