@@ -153,7 +153,10 @@ def label_propagation(graph: Graph, config: CommunitiesConfig,
                       g: igraph.Graph | None = None) -> np.ndarray:
     """Raw labels from igraph's weighted label propagation. igraph draws its random numbers
     from a Python generator we seed here (and restore after), so a graph always gives the
-    same labels, whatever ran before in the process."""
+    same labels, whatever ran before in the process. igraph takes no iteration cap: the
+    "fast" variant is bounded by its queue (a vertex is queued again only when a neighbour
+    changed label, and updates are asynchronous, so labels cannot flip-flop as in the
+    synchronous loop that hangs Graphiti); our own loops are capped (`extend`)."""
     g = g if g is not None else to_igraph(graph)
     if graph.n == 0:
         return np.zeros(0, dtype=np.int64)
