@@ -40,7 +40,7 @@ class Recipe:
     provenance: bool = True  # the episodes list also cites the top facts' and entities' sources
     # RRF weights of the three lists fused into `episodes`: episode hits, the top facts'
     # provenance, the top entities' latest mentions. Weight 0 keeps the entities' mentions
-    # in the list but after everything else: on tests/corpus/questions.jsonl any positive
+    # in the list but after everything else: on tests/questions/corpus.jsonl any positive
     # weight lowered evidence recall@10 (0.1: 0.878, 0.5: 0.866, 0: 0.902).
     provenance_weights: tuple[float, float, float] = (1.0, 1.0, 0.0)
     bfs_hops: int = 2

@@ -1,6 +1,6 @@
 """Retrieval on the sample corpus (the session's `corpus_build`, no extra build): known
 facts in the top 5, valid time before and after each change, tenancy on real data, the CLI's
-JSON, and the graph's lift over the flat baseline on tests/corpus/questions.jsonl."""
+JSON, and the graph's lift over the flat baseline on tests/questions/corpus.jsonl."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_default_recipe_beats_the_flat_baseline(retriever):
     from query.eval import evaluate, load_questions
     from query.recipes import BASELINE, DEFAULT
 
-    questions = load_questions(CORPUS / "questions.jsonl")
+    questions = load_questions(CORPUS.parent / "questions" / "corpus.jsonl")
     assert len(questions) >= 25
     report = evaluate(retriever, questions, DEFAULT, k=10)
     graph = report["recipes"][DEFAULT]["overall"]
