@@ -368,12 +368,25 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
         summaries.map_batches(lambda b: b.drop_columns(["group_id"]), batch_format="pyarrow"),
         join_type="left_outer", num_partitions=ctx.partitions, on=("entity_id",)
     ).map_batches(_no_null_summary, batch_format="pyarrow")
+    stored = previous_table(ctx, "entities")
+    if stored is not None:  # an entity keeps the transaction time it was first stored at
+        first = stored.select_columns(["entity_id", "created_at"]).map_batches(
+            _rename({"created_at": "first_created_at"}), batch_format="pyarrow")
+        entities = entities.join(first, join_type="left_outer", num_partitions=ctx.partitions,
+                                 on=("entity_id",)).map_batches(_first_created,
+                                                                batch_format="pyarrow")
     return {"merged_facts": checked, "entities_summarized": entities}
 
 
 def _no_null_summary(batch: pa.Table) -> pa.Table:
     summary = pc.fill_null(batch["summary"], "")
     return batch.set_column(batch.schema.get_field_index("summary"), "summary", summary)
+
+
+def _first_created(batch: pa.Table) -> pa.Table:
+    created = pc.coalesce(batch["first_created_at"], batch["created_at"])
+    rest = batch.drop_columns(["first_created_at"])
+    return rest.set_column(rest.schema.get_field_index("created_at"), "created_at", created)
 
 
 # --- embed --------------------------------------------------------------------------------

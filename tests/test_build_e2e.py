@@ -347,5 +347,9 @@ def test_incremental_runs_agree_with_one_run(ray_session, config, corpus_db, tmp
             (store_dir / "work" / "part-1" / "created_at").read_text())
         believed = con.execute("SELECT count(*) FROM facts_known_at(?)",
                                [first_time]).fetchone()[0]
+        # entities stored by the first run keep that transaction time
+        stored_at = con.execute("SELECT created_at FROM entities WHERE group_id = 'acme' AND "
+                                "name = 'Daniel Okafor'").fetchone()[0]
+        assert stored_at == first_time
     with duckdb.connect(str(first.snapshot / "catalog.duckdb"), read_only=True) as old:
         assert believed == old.execute("SELECT count(*) FROM facts_current").fetchone()[0]
