@@ -330,7 +330,7 @@ Facts with their date ranges, entities with summaries, community summaries and t
 episodes, within a token budget.
 """),
     ("code", '''\
-context = retriever.context(QUESTION, [GROUP], max_tokens=600)
+context = retriever.context(QUESTION, [GROUP], max_tokens=1500)
 print(context)
 '''),
     ("md", """\

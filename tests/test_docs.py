@@ -60,21 +60,26 @@ def test_cli_check_and_write(tmp_path, capsys):
 
 README = docs.ROOT / "README.md"
 MARKER = "<!-- runnable -->"
-FENCE = re.compile(r"^<!-- runnable -->\n```(bash|sh|sql)\n(.*?)^```$", re.S | re.M)
+FENCE = re.compile(r"^<!-- runnable -->\n```(bash|sh|sql|python)\n(.*?)^```$", re.S | re.M)
 BLOCK_TIMEOUT = 180
 
 
 def runnable_blocks(text: str) -> list[tuple[str, str]]:
-    """(language, code) of each fenced block right after a `<!-- runnable -->` line."""
+    """(language, code) of each fenced block right after a `<!-- runnable -->` line: bash and
+    python run in a copy of the repo root whose `.tkg/demo` is the corpus store, sql on its
+    catalog."""
     blocks = [(m.group(1), m.group(2)) for m in FENCE.finditer(text)]
-    assert len(blocks) == text.count(MARKER), "a runnable marker must precede a ```bash/sql block"
+    markers = re.findall(rf"^{MARKER}$", text, re.M)
+    assert len(blocks) == len(markers), "a runnable marker must precede a ```bash/sql/python block"
     return blocks
 
 
 def test_runnable_marker_parsing():
     text = (f"intro\n{MARKER}\n```bash\necho hi\n```\n\n```bash\nmake demo\n```\n"
-            f"{MARKER}\n```sql\nSELECT 1;\n```\n")
-    assert runnable_blocks(text) == [("bash", "echo hi\n"), ("sql", "SELECT 1;\n")]
+            f"{MARKER}\n```sql\nSELECT 1;\n```\nprose naming {MARKER} inline\n"
+            f"{MARKER}\n```python\nprint(1)\n```\n")
+    assert runnable_blocks(text) == [("bash", "echo hi\n"), ("sql", "SELECT 1;\n"),
+                                     ("python", "print(1)\n")]
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +112,9 @@ def test_readme_runnable_blocks(readme_cwd):
                     except duckdb.Error as exc:
                         failures.append(f"{statement.strip()}\n-> {exc}")
             continue
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", code], cwd=readme_cwd,
+        command = ([".venv/bin/python", "-c", code] if language == "python"
+                   else ["bash", "-euo", "pipefail", "-c", code])
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, cwd=readme_cwd,
                               capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
         if done.returncode != 0:
             failures.append(f"{code}\n-> exit {done.returncode}: {done.stderr[-2000:]}")

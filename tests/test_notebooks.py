@@ -95,7 +95,9 @@ def test_retrieval_notebook_runs(corpus_build, monkeypatch):
     assert known == ["  (no facts)\n"]
     assert any(k.startswith("known_at after run corpus-1") and "Daniel Okafor" in v
                for k, v in answers.items())
-    assert "<FACTS>" in printed and "<EPISODES>" in printed
+    context = printed[printed.index("FACTS, ENTITIES"):]  # the context string an agent gets
+    assert "<FACTS>" in context and "<EPISODES>" in context, context[:3000]
+    assert "Daniel Okafor" in context
     household = answers["group household"]
     assert household and "Okafor" not in household  # tenancy: nothing from acme
     assert "milliseconds per search" in printed
