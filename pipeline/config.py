@@ -318,9 +318,11 @@ class TkgConfig(_Section):
 
     @model_validator(mode="after")
     def _llm_needs_backend(self) -> TkgConfig:
-        if self.extract.backend == "llm" and self.llm.backend == "none":
-            raise ValueError("extract.backend is llm but llm.backend is none: set llm.backend "
-                             "to openai (see configs/openai.yaml) or vllm")
+        for needs, what in ((self.extract.backend == "llm", "extract.backend is llm"),
+                            (self.resolve.adjudicator == "llm", "resolve.adjudicator is llm")):
+            if needs and self.llm.backend == "none":
+                raise ValueError(f"{what} but llm.backend is none: set llm.backend to openai "
+                                 "(see configs/openai.yaml) or vllm")
         return self
 
     def fingerprint(self) -> str:
