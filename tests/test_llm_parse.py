@@ -238,3 +238,22 @@ def test_decisions():
     assert parse_decisions(text, "same", [0, 1, 2]) == {0: True, 1: False}
     with pytest.raises(ParseError, match="no usable decision"):
         parse_decisions('{"decisions": []}', "same", [0])
+
+
+def test_every_truncation_keeps_only_whole_items():
+    """Cut a real answer at every character: the parser either says why it cannot use it, or
+    returns lists that are prefixes of the full answer's lists (never a half-written item)."""
+    text = RECORDED["Thanks Daniel. Daniel Okafor lives in Berlin, so he covers Europe."][
+        "completion"]
+    full = json.loads(text)
+    repaired = 0
+    for cut in range(len(text)):
+        try:
+            value, was_repaired = load_json_object(text[:cut])
+        except ParseError:
+            continue
+        repaired += was_repaired
+        assert set(value) <= {"entities", "facts"}
+        for name, items in value.items():
+            assert items == full[name][:len(items)]
+    assert repaired > len(text) // 2  # most cuts still give something usable
