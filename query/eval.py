@@ -140,9 +140,9 @@ def print_report(report: dict[str, Any]) -> None:
     for column in ("recipe", "category", "questions", f"hit@{k}", f"recall@{k}",
                    "answer in context"):
         table.add_column(column, justify="left" if column in ("recipe", "category")
-                         else "right")
+                         else "right", no_wrap=column == "recipe")
     for name, figures in report["recipes"].items():
         for category, f in [("overall", figures["overall"]), *figures["categories"].items()]:
             table.add_row(name, category, str(f["questions"]), f"{f['hit']:.3f}",
                           f"{f['recall']:.3f}", str(f.get("answer_in_context", "")))
-    Console().print(table)
+    Console(width=120).print(table)
