@@ -51,6 +51,14 @@ class SyntheticEmbedder:
         return out
 
 
+def _centroids(dim: int, seed: int, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Topic centroids: the first draw of the store's generator, so a kept store's query
+    embedder can be rebuilt from its seed."""
+    rng = rng or np.random.default_rng(seed)
+    centroids = rng.standard_normal((TOPICS, dim), dtype=np.float32)
+    return centroids / np.linalg.norm(centroids, axis=1, keepdims=True)
+
+
 def _vectors(rng: np.random.Generator, centroids: np.ndarray, topics: np.ndarray,
              chunk: int = 100_000) -> pa.FixedSizeListArray:
     dim = centroids.shape[1]
@@ -75,8 +83,7 @@ def synth_tables(facts: int, dim: int, groups: int, seed: int) -> tuple[dict[str
                                                                          np.ndarray]:
     """The published tables of a synthetic store, and its topic centroids."""
     rng = np.random.default_rng(seed)
-    centroids = rng.standard_normal((TOPICS, dim), dtype=np.float32)
-    centroids /= np.linalg.norm(centroids, axis=1, keepdims=True)
+    centroids = _centroids(dim, seed, rng)
     vocab = np.array([f"w{i}" for i in range(VOCABULARY)])
     n_ent, n_ep = max(facts // 5, groups * 2), max(facts // 4, groups)
     n_com = max(facts // 250, groups)
@@ -184,28 +191,47 @@ def _workload(tables: dict[str, pa.Table], queries: int, seed: int) -> list[dict
     return work
 
 
+def _reusable(root: Path, facts: int, dim: int) -> dict[str, Any] | None:
+    """The retrieval figures of a bench store already in `root` with these sizes, if any."""
+    try:
+        manifest = store.read_manifest(store.current_snapshot(root))
+    except store.StoreError:
+        return None
+    retrieval = manifest.get("retrieval") or {}
+    if (manifest.get("embedding", {}).get("dim") == dim
+            and retrieval.get("facts", {}).get("rows") == facts):
+        return retrieval
+    return None
+
+
 def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 10,
                 workdir: str | None = None, seed: int = 0,
-                config: QueryConfig | None = None) -> dict[str, Any]:
+                config: QueryConfig | None = None, reuse: bool = False) -> dict[str, Any]:
+    """Build (or, with `reuse`, keep the store of an earlier run in `workdir`) and time."""
     import query
     from query.context import build_context
 
     config = config or QueryConfig()
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tkg-bench-query-"))
-    if root.exists() and any(root.iterdir()):
-        shutil.rmtree(root)
-    root.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    tables, centroids = synth_tables(facts, dim, groups, seed)
-    generated = time.perf_counter() - started
-    index = write_store(root, tables, dim, config)
-    work = _workload(tables, queries, seed)
-    counts = {name: tables[name].num_rows for name in ("facts", "entities", "episodes",
-                                                        "communities")}
-    del tables
+    index = _reusable(root, facts, dim) if reuse and workdir else None
+    generated = 0.0
+    if index is None:
+        if root.exists() and any(root.iterdir()):
+            shutil.rmtree(root)
+        root.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        tables, centroids = synth_tables(facts, dim, groups, seed)
+        generated = time.perf_counter() - started
+        index = write_store(root, tables, dim, config)
+        del tables
+    centroids = _centroids(dim, seed)
     started = time.perf_counter()
     retriever = query.open(root, embedder=SyntheticEmbedder(centroids), config=config)
     opened = time.perf_counter() - started
+    snapshot = retriever.snapshot()
+    work = _workload({"facts": snapshot.kinds["facts"].meta}, queries, seed)
+    counts = {name: snapshot.kinds[name].rows for name in ("facts", "entities", "episodes",
+                                                            "communities")}
     for q in work[:20]:  # warm-up: page caches, index metadata
         retriever.search(q["text"], q["group_ids"], as_of=q.get("as_of"))
     latencies, returned = [], 0
@@ -222,6 +248,7 @@ def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 
         **counts, "dim": dim, "groups": groups, "queries": queries,
         "recipe": config.recipe, "vector_index": {k: v["vector_index"] for k, v in index.items()
                                                   if isinstance(v, dict)},
+        "reused_store": generated == 0.0,
         "generate_s": round(generated, 1), "index_build_s": index["seconds"],
         "index_build_s_per_table": {k: v["seconds"] for k, v in index.items()
                                     if isinstance(v, dict)},

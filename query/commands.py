@@ -72,7 +72,7 @@ def cmd_bench_query(args: argparse.Namespace) -> int:
     from jobs.bench_query import bench_query, print_figures
 
     figures = bench_query(args.facts, queries=args.queries, dim=args.dim, groups=args.groups,
-                          workdir=args.workdir, seed=args.seed)
+                          workdir=args.workdir, seed=args.seed, reuse=args.reuse)
     if args.json:
         print(json.dumps(figures))
     else:
@@ -110,5 +110,7 @@ def add_query_commands(commands: Any, benches: Any) -> None:
     bench.add_argument("--groups", type=int, default=10)
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--workdir", default=None, help="keep the synthetic store here")
+    bench.add_argument("--reuse", action="store_true",
+                       help="time the store an earlier run kept in --workdir (same sizes)")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(fn=cmd_bench_query)

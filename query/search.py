@@ -93,21 +93,27 @@ def _quoted(values: Sequence[str]) -> str:
     return ", ".join(f"'{v}'" for v in values)
 
 
-def where(kind: str, scope: Scope) -> str:
+def where(kind: str, scope: Scope, bounds: dict[str, tuple[int, int]] | None = None) -> str:
     """The prefilter of one kind: groups, both timelines, optional filters. `as_of` (valid
     time) narrows facts only: an episode told later may well be the source of a fact that
-    held earlier; `known_at` (transaction time) narrows every kind."""
-    parts = [f"group_id IN ({_quoted(scope.groups)})"]
+    held earlier; `known_at` (transaction time) narrows every kind. With the table's
+    (min, max) per time column (`bounds`), a time condition that every row meets is left
+    out: it selects the same rows and costs a column scan per query."""
     k, a, f = int(scope.known_at), int(scope.as_of), scope.filters
+    conditions = [("created_at_us", "<=", k)]
     if kind == "facts":
-        parts += [f"created_at_us <= {k}", f"expired_at_us > {k}",
-                  f"valid_at_us <= {a}", f"invalid_at_us > {a}"]
-        if f.relations:
-            parts.append(f"relation IN ({_quoted(f.relations)})")
-    else:  # valid time is a property of facts; the rest is filtered on transaction time
-        parts.append(f"created_at_us <= {k}")
-        if kind == "entities" and f.labels:
-            parts.append(f"array_has_any(labels, [{_quoted(f.labels)}])")
+        conditions += [("expired_at_us", ">", k), ("valid_at_us", "<=", a),
+                       ("invalid_at_us", ">", a)]
+    parts = [f"group_id IN ({_quoted(scope.groups)})"]
+    for column, op, value in conditions:
+        low, high = (bounds or {}).get(column, (None, None))
+        if high is not None and ((op == "<=" and value >= high) or (op == ">" and value < low)):
+            continue  # every row meets it
+        parts.append(f"{column} {op} {value}")
+    if kind == "facts" and f.relations:
+        parts.append(f"relation IN ({_quoted(f.relations)})")
+    if kind == "entities" and f.labels:
+        parts.append(f"array_has_any(labels, [{_quoted(f.labels)}])")
     if kind in ("facts", "episodes"):
         if f.valid_from is not None:
             parts.append(f"valid_at_us >= {to_micros(f.valid_from, 'valid_from')}")
@@ -123,7 +129,8 @@ async def cosine(kind: Kind, vector: np.ndarray, scope: Scope, limit: int,
     if kind.atable is None or limit <= 0:
         return []
     query = (kind.atable.query().nearest_to(np.asarray(vector, dtype=np.float32))
-             .column("vector").distance_type("cosine").where(where(kind.name, scope))
+             .column("vector").distance_type("cosine")
+             .where(where(kind.name, scope, kind.bounds))
              .select(["row", "_distance"]).limit(limit))
     if kind.ann:
         query = query.nprobes(config.nprobes).refine_factor(config.refine_factor)
@@ -140,7 +147,8 @@ async def bm25(kind: Kind, text: str, scope: Scope, limit: int) -> Hits:
     if kind.atable is None or limit <= 0 or not text:
         return []
     result = await (kind.atable.query().nearest_to_text(MatchQuery(text, "text"))
-                    .where(where(kind.name, scope)).select(["row", "_score"]).limit(limit)
+                    .where(where(kind.name, scope, kind.bounds)).select(["row", "_score"])
+                    .limit(limit)
                     .to_arrow())
     return list(zip(result["row"].to_pylist(), result["_score"].to_pylist(), strict=True))
 

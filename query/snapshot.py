@@ -28,6 +28,13 @@ class Kind:
     atable: Any  # the same table, async (what searches use)
     meta: pa.Table
     ann: bool  # has a vector index (else exact search)
+    bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # (min, max) per *_us
+
+    def __post_init__(self) -> None:
+        for column in self.meta.column_names:
+            if column.endswith("_us") and self.meta.num_rows:
+                values = self.meta[column].to_numpy()
+                self.bounds[column] = (int(values.min()), int(values.max()))
 
     @property
     def rows(self) -> int:
