@@ -263,3 +263,15 @@ def test_fault_specs_are_inert_unless_named(monkeypatch):
     with pytest.raises(OSError) as caught:
         faults.hit("before_switch")
     assert caught.value.errno == errno.ENOSPC
+
+
+def test_chunks_are_stable_and_balanced():
+    """A resumed run must split episodes exactly as the crashed one did: the chunk of an id
+    is a hash that does not depend on the process (unlike Python's salted `hash`)."""
+    from pipeline.resume import bucket_of
+
+    ids = [schema.stable_id("g", str(i)) for i in range(4_000)]
+    buckets = [bucket_of(i, 4) for i in ids]
+    assert buckets == [bucket_of(i, 4) for i in ids]
+    assert bucket_of("6f1c6a2e-3d1b-5b0a-9d36-7a4b0c2e8f10", 7) == 2
+    assert all(800 < buckets.count(b) < 1_200 for b in range(4))
