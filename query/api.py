@@ -38,6 +38,7 @@ from query.search import (
     order_reached,
     terms,
     vectors_of,
+    with_labels,
 )
 from query.snapshot import QueryError, Snapshot, open_snapshot
 
@@ -266,8 +267,9 @@ class _Run:
             reached = {
                 "facts": order_reached(expansion.facts, self.snap.kinds["facts"].meta["fact"],
                                        words),
-                "entities": order_reached(expansion.entities,
-                                          self.snap.kinds["entities"].meta["name"], words)}
+                "entities": with_labels(self.snap, order_reached(
+                    expansion.entities, self.snap.kinds["entities"].meta["name"], words),
+                    self.scope.filters.labels)}
             for kind, part in parts.items():
                 if "bfs" in part.methods:
                     lists[kind].append(reached.get(kind, []))

@@ -203,6 +203,19 @@ def live_facts(snapshot: Snapshot, facts: np.ndarray, scope: Scope) -> np.ndarra
     return facts[ok]
 
 
+def with_labels(snapshot: Snapshot, rows: list[int], labels: tuple[str, ...]) -> list[int]:
+    """Entity rows carrying one of `labels` (all rows when no label filter is set): the
+    in-memory twin of the label prefilter, for entities reached by graph expansion."""
+    if not labels or not rows:
+        return rows
+    import pyarrow as pa
+
+    wanted = set(labels)
+    found = snapshot.kinds["entities"].meta["labels"].take(pa.array(rows, pa.int64()))
+    return [r for r, have in zip(rows, found.to_pylist(), strict=True)
+            if wanted & set(have or ())]
+
+
 def entities_in_scope(snapshot: Snapshot, rows: Sequence[int], scope: Scope) -> list[int]:
     """Entity rows of the caller's groups only (origins and centers come from callers)."""
     allowed = set(allowed_groups(snapshot, scope).tolist())

@@ -187,3 +187,18 @@ def test_a_new_snapshot_is_picked_up_without_reopening(tmp_path, embedder):
     store.write_manifest(root / "snapshots" / "tiny-2", {**manifest, "run_id": "tiny-2"})
     store.switch_current(root, "tiny-2")
     assert retriever.search("Ana", ["g1"]).run_id == "tiny-2"
+
+
+def test_bfs_from_a_conversation_stays_in_its_groups(tiny):
+    # g1's conversation mentions Ana Silva, Porto, Initech, Bruno Costa, Lisbon: their facts
+    mine = tiny.search("anything", ["g1"], conversation_id="g1-c", recipe="entities_hybrid_rrf")
+    assert {"Ana Silva", "Lisbon"} <= {e.name for e in mine.entities}
+    # the other tenant's conversation id, asked from g1, seeds nothing of g2
+    other = tiny.search("Nightingale", ["g1"], conversation_id="g2-c", limit=20)
+    assert "Secret" not in _all_text(other) and "A different Ana" not in _all_text(other)
+
+
+def test_label_filter(tiny):
+    result = tiny.search("Ana Silva Initech Porto", ["g1"], recipe="entities_hybrid_rrf",
+                         filters=Filters(labels=("Place",)))
+    assert {e.name for e in result.entities} == {"Porto", "Lisbon"}  # BFS obeys it too
