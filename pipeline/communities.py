@@ -100,6 +100,8 @@ def build_graph(group_id: str, entities: pa.Table, facts: pa.Table, mentions: pa
     entities = entities.sort_by("entity_id")
     ids = entities["entity_id"].combine_chunks()
     current = facts.filter(pc.is_null(facts["expired_at"])) if facts.num_rows else facts
+    if "edge_id" in current.column_names:  # ties between facts break by id, not input order
+        current = current.sort_by([("edge_id", "ascending")])
     src = _vertices(current["source_entity_id"], ids)
     dst = _vertices(current["target_entity_id"], ids)
     valid = (src >= 0) & (dst >= 0)
