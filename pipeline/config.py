@@ -28,6 +28,9 @@ class RayConfig(_Section):
         None, description="hash-shuffle partitions for groupbys; null = 2 x CPUs"
     )
     progress_bars: bool = True
+    rows_per_partition: int = Field(
+        500_000, description="big shuffles (resolution keys) get more partitions past this"
+    )
     object_store_gb: float | None = Field(
         None, description="local Ray's object store in GB; null = Ray's default"
     )

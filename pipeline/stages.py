@@ -9,6 +9,7 @@ key, so memory per worker is bounded by the largest block, never by the dataset.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -47,6 +48,11 @@ class RunContext:
     def partitions(self) -> int:
         """Hash-shuffle partitions for groupbys and joins."""
         return self.config.ray.shuffle_partitions or 2 * self.cpus
+
+    def partitions_for(self, rows: int) -> int:
+        """More partitions for big shuffles, so one block (one task's memory) stays near
+        `ray.rows_per_partition` rows whatever the input size."""
+        return max(self.partitions, math.ceil(rows / self.config.ray.rows_per_partition))
 
     def count(self, name: str, value: int) -> None:
         self.counters[name] = self.counters.get(name, 0) + int(value)
@@ -125,11 +131,11 @@ def partitioned(ds: Dataset, keys: list[str], ctx: RunContext) -> Dataset:
 
 
 def shuffled(ds: Dataset, keys: list[str], fn: Callable[..., pa.Table], ctx: RunContext,
-             *fn_args: object) -> Dataset:
+             *fn_args: object, partitions: int | None = None) -> Dataset:
     """Hash-shuffle by `keys` (every key's rows land in one block, bounded by the largest
     key, not the dataset), then run `fn` once per block. This is what Ray's map_groups does,
     without a Python call and a table per group."""
-    return ds.repartition(ctx.partitions, keys=keys).map_batches(
+    return ds.repartition(partitions or ctx.partitions, keys=keys).map_batches(
         fn, batch_size=None, batch_format="pyarrow", fn_args=fn_args)
 
 
@@ -309,9 +315,10 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
     shuffle keyed by group."""
     nodes = inputs["name_vectors"]
     keyed = nodes.map_batches(resolve.blocking_keys, batch_format="pyarrow",
-                              fn_args=(ctx.config.resolve,))
+                              fn_args=(ctx.config.resolve,)).materialize()
     pairs = shuffled(keyed, ["group_id", "key"], resolve.candidate_pairs, ctx,
-                     ctx.config.resolve).materialize()
+                     ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
+                     ).materialize()
     undecided = _undecided(pairs)
     ctx.count("ambiguous_pairs", undecided)
     if undecided and ctx.config.resolve.adjudicator != "none":
