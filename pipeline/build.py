@@ -289,6 +289,7 @@ def _run_row(ctx: RunContext, summary: dict[str, Any], started_at: datetime) -> 
 def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
           run_id: str | None = None) -> BuildResult:
     """Build a snapshot of `inputs` into `store_dir` and publish it."""
+    sources.reject_url(str(store_dir), "store")
     store_dir = Path(store_dir)
     files = sources.discover(inputs)
     started_at = store.now()

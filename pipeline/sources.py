@@ -52,10 +52,21 @@ class ReadStats:
         self.files += other.files
 
 
+def reject_url(location: str, what: str) -> None:
+    """Object-storage URLs are not read or written yet: say so instead of treating
+    `s3://bucket/x` as a local folder named `s3:`."""
+    if "://" in str(location):
+        raise InputError(
+            f"{what} {location!r} is a URL; tkg reads and writes local paths only for now. "
+            "Mount the bucket (s3fs, gcsfuse, a shared volume) and pass the mount path."
+        )
+
+
 def discover(inputs: list[str]) -> list[Path]:
     """Files named by `inputs`: files, folders (searched recursively) or glob patterns."""
     found: set[Path] = set()
     for item in inputs:
+        reject_url(item, "input")
         path = Path(item)
         if path.is_file():
             found.add(path.resolve())

@@ -197,3 +197,12 @@ def test_window_drops_redeliveries_and_rejects_conflicting_ids():
     assert len(rejects) == 1
     assert rejects[0]["line"] == 3
     assert "different content" in rejects[0]["reason"]
+
+
+def test_object_storage_urls_are_refused_with_advice():
+    import pytest
+
+    from pipeline.sources import InputError, discover
+
+    with pytest.raises(InputError, match="Mount the bucket"):
+        discover(["s3://bucket/in"])
