@@ -186,7 +186,8 @@ _DIGITS = re.compile(r"\d+")
 QUANT = 127.0  # name vectors travel with their blocking keys as int8 (cosine error < 0.01)
 KEYED_NAMES = pa.schema([
     ("group_id", pa.string()), ("key", pa.string()), ("normalized", pa.string()),
-    ("core", pa.string()), ("cls", pa.string()), ("digits", pa.string()),
+    ("core", pa.string()), ("cls", pa.string()), ("specific", pa.list_(pa.string())),
+    ("digits", pa.string()),
     ("mentions", pa.int64()), ("words", pa.int64()), ("lone", pa.bool_()),
     ("personish", pa.bool_()), ("vector", pa.list_(pa.int8())),
 ])
@@ -248,7 +249,9 @@ def simhash_codes(vectors: np.ndarray, bands: int, bits: int) -> np.ndarray:
 
 
 def label_class(labels: list[str] | None) -> str:
-    """What decides compatibility: places (L), other named things (N), or generic ("")."""
+    """What decides compatibility: places (L), other named things (N), or generic (""):
+    names of two classes merge only when they share a specific label (a company that
+    spaCy also tagged as a place still meets its own name)."""
     specific = set(labels or ()) - GENERIC_LABELS
     return "L" if "Location" in specific else ("N" if specific else "")
 
@@ -260,7 +263,7 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
     lone "Maria" and the group's only "Maria ..."), `e<band>:` SimHash bands of the name
     vector (which travels, as int8, only with these keys)."""
     features: dict[str, list] = {name: [] for name in (
-        "core", "cls", "digits", "words", "lone", "personish")}
+        "core", "cls", "specific", "digits", "words", "lone", "personish")}
     owner: list[int] = []
     keys: list[str] = []
     for row, (normalized, name, node_labels) in enumerate(zip(
@@ -280,6 +283,7 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
         keys += node_keys
         owner += [row] * len(node_keys)
         for column, value in (("core", key_core), ("cls", label_class(node_labels)),
+                              ("specific", sorted(set(node_labels or ()) - GENERIC_LABELS)),
                               ("digits", " ".join(_DIGITS.findall(normalized))),
                               ("words", len(tokens)), ("lone", lone),
                               ("personish", personish)):
@@ -347,8 +351,10 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     columns = pairs.columns
     pairs = pl.concat([pairs, named.select(columns), near.select(columns)]).unique(
         ["group_id", "normalized", "normalized_b", "kind"], keep="first", maintain_order=True)
+    shared = pl.col("specific").list.set_intersection(pl.col("specific_b")).list.len() > 0
     compatible = (pl.col("digits") == pl.col("digits_b")) & (
-        (pl.col("cls") == "") | (pl.col("cls_b") == "") | (pl.col("cls") == pl.col("cls_b")))
+        (pl.col("cls") == "") | (pl.col("cls_b") == "") | (pl.col("cls") == pl.col("cls_b"))
+        | shared)
     same_core = (pl.col("kind") == "d") & (pl.col("core") == pl.col("core_b"))  # c: has it
     pairs = pairs.filter(compatible & ~same_core)
     if pairs.height == 0:

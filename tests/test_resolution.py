@@ -132,3 +132,14 @@ def test_cluster_ids_are_deterministic():
     assert schema.stable_id("g", "entity", "globex corporation") in cluster(
         node_pairs(table.append_column("name", pa.array(["x", "y"])))
     )["entity_id"].to_pylist()
+
+
+def test_a_shared_label_overrides_a_stray_place_label():
+    """spaCy tags "Initech" as a place in some sentences; it is still Initech Inc."""
+    roots = resolve_names([
+        node("Initech", ("Organization", "Location", "Group"), 16),
+        node("Initech Inc.", ("Organization", "Customer"), 16),
+        node("Paris", ("Location",)), node("Paris Hilton", ("Person",)),
+    ])
+    assert roots["Initech"] == roots["Initech Inc."]
+    assert roots["Paris"] != roots["Paris Hilton"]
