@@ -214,6 +214,9 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
     retrieval = build_indexes(snapshot, ctx.dim, ctx.config.query)
     summary["seconds"]["publish"] = round(time.perf_counter() - started, 3)
     summary["seconds_total"] = round(sum(summary["seconds"].values()), 3)
+    runs = pa.concat_tables([runs.slice(0, runs.num_rows - 1),
+                             _run_row(ctx, summary, started_at)])  # now with publish seconds
+    _write_small(runs, snapshot / "runs", schema.RUNS)
     store.write_manifest(snapshot, {
         "run_id": ctx.run_id, "created_at": ctx.created_at.isoformat(),
         "config_hash": ctx.config.fingerprint(), "config": ctx.config.model_dump(),
