@@ -234,11 +234,12 @@ def _bad_lines(good: dict) -> list[bytes]:
     ]
 
 
-def test_bad_input_and_public_conversations_build(ray_session, config, tmp_path):
-    """One build of a file of bad records next to the DMR sessions (when ../shared/data is
-    there): the bad lines are rejected with their reasons, nothing else is lost."""
+def test_bad_input_and_public_data_build(ray_session, config, tmp_path):
+    """One build of a file of bad records next to the DMR sessions and the Chinook records
+    (when ../shared/data is there): the bad lines are rejected with their reasons, nothing
+    else is lost, and records link by key."""
     from tests.conftest import SHARED_DATA
-    from tests.converters import dmr_to_episodes, write_jsonl
+    from tests.converters import chinook_to_episodes, dmr_to_episodes, write_jsonl
 
     bad = tmp_path / "bad.jsonl"
     good = {"group_id": "g1", "id": "ok-1", "kind": "message", "conversation_id": "c",
@@ -247,15 +248,21 @@ def test_bad_input_and_public_conversations_build(ray_session, config, tmp_path)
     bad.write_bytes(b"\n".join(_bad_lines(good)) + b"\n")
     inputs = [str(bad)]
     dmr: list[dict] = []
+    chinook: list[dict] = []
     if (SHARED_DATA / "dmr_msc_sample.jsonl").is_file():
         dmr = dmr_to_episodes(SHARED_DATA / "dmr_msc_sample.jsonl")
         inputs.append(str(write_jsonl(dmr, tmp_path / "dmr.jsonl")))
+    if (SHARED_DATA / "chinook_fixture.json").is_file():
+        chinook = chinook_to_episodes(SHARED_DATA / "chinook_fixture.json",
+                                      ("customer", "employee", "invoice"))
+        assert len(chinook) == 59 + 8 + 412
+        inputs.append(str(write_jsonl(chinook, tmp_path / "chinook.jsonl")))
     result = build(config, inputs, tmp_path / "store")
     summary = result.summary
-    assert summary["episodes_in"] == 6 + len(dmr)
+    assert summary["episodes_in"] == 6 + len(dmr) + len(chinook)
     assert summary["episodes_in"] == summary["episodes_ok"] + summary["rejected"]
     assert summary["rejected"] == 4
-    assert summary["episodes_ok"] == 2 + len(dmr) == summary["episodes"]
+    assert summary["episodes_ok"] == 2 + len(dmr) + len(chinook) == summary["episodes"]
     import duckdb
 
     with duckdb.connect(str(result.snapshot / "catalog.duckdb"), read_only=True) as con:
@@ -278,30 +285,16 @@ def test_bad_input_and_public_conversations_build(ray_session, config, tmp_path)
             assert counts == (len(dmr), len({r["conversation_id"] for r in dmr}))
             assert con.execute("SELECT count(*) FROM facts WHERE group_id = 'dmr'"
                                ).fetchone()[0] > 0
+        if chinook:  # invoices point at their customer record by key, not by text
+            linked = con.execute("""
+                SELECT count(DISTINCT f.source_entity_id) FROM facts f
+                JOIN entities t ON t.entity_id = f.target_entity_id
+                WHERE f.group_id = 'chinook' AND f.relation = 'CUSTOMER'
+                  AND t.name LIKE 'Customer %'""").fetchone()[0]
+            assert linked == 412
+            assert con.execute("SELECT count(*) FROM entities WHERE group_id = 'chinook' "
+                               "AND name = 'Customer 2'").fetchone() == (1,)
     assert not list((tmp_path / "store").rglob("passwd"))
-
-
-def test_chinook_records_build(ray_session, config, tmp_path, shared_data):
-    from tests.converters import chinook_to_episodes, write_jsonl
-
-    records = chinook_to_episodes(shared_data / "chinook_fixture.json",
-                                  ("customer", "employee", "invoice"))
-    path = write_jsonl(records, tmp_path / "chinook.jsonl")
-    result = build(config, [str(path)], tmp_path / "store")
-    summary = result.summary
-    assert summary["episodes_in"] == len(records) == 59 + 8 + 412
-    assert summary["episodes_in"] == summary["episodes_ok"] + summary["rejected"]
-    import duckdb
-
-    with duckdb.connect(str(result.snapshot / "catalog.duckdb"), read_only=True) as con:
-        # invoices point at their customer record by key, not by text
-        linked = con.execute("""
-            SELECT count(DISTINCT f.source_entity_id) FROM facts f
-            JOIN entities t ON t.entity_id = f.target_entity_id
-            WHERE f.relation = 'CUSTOMER' AND t.name LIKE 'Customer %'""").fetchone()[0]
-        assert linked == 412
-        assert con.execute("SELECT count(*) FROM entities WHERE name = 'Customer 2'"
-                           ).fetchone() == (1,)
 
 
 def _split_corpus(tmp_path: Path, cutoff: str) -> tuple[Path, Path]:
