@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from jobs.figures import print_figures
+
 SYLLABLES = ("ka", "lo", "mi", "ra", "ten", "vo", "sha", "dri", "an", "bel", "cor", "du",
              "el", "fin", "gar", "hul", "is", "jor", "kel", "lum", "mar", "nor", "ost", "pel")
 TS = pa.timestamp("us", tz="UTC")
@@ -148,13 +150,5 @@ def _peak_rss_gb() -> float:
 
 
 def print_bench(figures: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"tkg bench communities: {figures['nodes']:,} entities, "
-                        f"{figures['edges']:,} facts")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for key, value in figures.items():
-        table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
-    Console().print(table)
+    print_figures(f"tkg bench communities: {figures['nodes']:,} entities, "
+                  f"{figures['edges']:,} facts", figures)

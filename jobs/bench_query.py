@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from jobs.figures import print_figures
 from pipeline import schema, store
 from pipeline.config import QueryConfig
 
@@ -265,13 +266,5 @@ def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 
     return figures
 
 
-def print_figures(figures: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"tkg bench query: {figures['facts']:,} facts, {figures['dim']}-d")
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    for key, value in figures.items():
-        table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
-    Console().print(table)
+def print_bench(figures: dict[str, Any]) -> None:
+    print_figures(f"tkg bench query: {figures['facts']:,} facts, {figures['dim']}-d", figures)

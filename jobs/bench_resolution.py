@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from jobs.figures import print_figures
+
 _FIRST_NAMES = (
     "James Mary Robert Patricia John Jennifer Michael Linda David Elizabeth William Barbara "
     "Richard Susan Joseph Jessica Thomas Sarah Charles Karen Daniel Lisa Matthew Nancy Anthony "
@@ -324,15 +326,4 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def print_bench(figures: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"tkg bench resolution: {figures['mentions']:,} mentions")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for key, value in figures.items():
-        if key != "stage_seconds":
-            table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
-    for stage, value in figures["stage_seconds"].items():
-        table.add_row(f"seconds {stage}", f"{value:.2f}")
-    Console().print(table)
+    print_figures(f"tkg bench resolution: {figures['mentions']:,} mentions", figures)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from jobs.figures import print_figures
 from pipeline import store
 
 
@@ -180,17 +181,9 @@ def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: i
     return figures
 
 
-def print_figures(figures: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"tkg bench serve: {figures['facts']:,} facts, "
-                        f"{figures['concurrency']} connections")
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    for key, value in figures.items():
-        table.add_row(key, f"{value:,}" if isinstance(value, int) else str(value))
-    Console().print(table)
+def print_bench(figures: dict[str, Any]) -> None:
+    print_figures(f"tkg bench serve: {figures['facts']:,} facts, "
+                  f"{figures['concurrency']} connections", figures)
 
 
 if __name__ == "__main__":  # the load process: URL WORKLOAD SECONDS CONCURRENCY

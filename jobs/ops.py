@@ -45,7 +45,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
-    from jobs.bench_serve import bench_serve, print_figures
+    from jobs.bench_serve import bench_serve, print_bench
 
     figures = bench_serve(args.facts, seconds=args.seconds, concurrency=args.concurrency,
                           dim=args.dim, groups=args.groups, workdir=args.workdir,
@@ -53,7 +53,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(figures))
     else:
-        print_figures(figures)
+        print_bench(figures)
     return 0
 
 

@@ -69,14 +69,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_query(args: argparse.Namespace) -> int:
-    from jobs.bench_query import bench_query, print_figures
+    from jobs.bench_query import bench_query, print_bench
 
     figures = bench_query(args.facts, queries=args.queries, dim=args.dim, groups=args.groups,
                           workdir=args.workdir, seed=args.seed, reuse=args.reuse)
     if args.json:
         print(json.dumps(figures))
     else:
-        print_figures(figures)
+        print_bench(figures)
     return 0
 
 
