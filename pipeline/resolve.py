@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
-from collections import Counter
 from datetime import datetime
 from functools import lru_cache
 
@@ -78,15 +77,11 @@ MENTION_ROWS = pa.schema([
 ])
 
 
-def canonical_name(names: Counter[str]) -> str:
-    """The most complete surface form: most words, then most frequent, then longest."""
-    return min(names, key=lambda n: (-len(n.split()), -names[n], -len(n), n))
-
-
 def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:
     """Mentions -> one row per entity, vectorized (polars). Mentions mapped by the resolver
     carry `entity_id`, `root`, `evidence` and `score`; unmapped ones are grouped by
-    normalized name (name nodes). An entity is named by `canonical_name`'s rule, its labels
+    normalized name (name nodes). An entity is named by its most complete surface form (most
+    words, then most frequent, then longest, then alphabetical), its labels
     are the specific ones (generic ones only when there are none), later attributes win."""
     if mentions.num_rows == 0:
         return schema.RESOLVED_ENTITIES.empty_table()

@@ -8,7 +8,6 @@ from pipeline.config import FactsConfig
 from pipeline.facts import fact_mentions, fact_rows, merge_facts
 from pipeline.resolve import (
     alias_rows,
-    canonical_name,
     entity_id,
     episode_mentions,
     mention_rows,
@@ -39,6 +38,15 @@ def test_normalize_name():
 def test_entity_ids_are_per_group():
     assert entity_id("a", "Alice") == entity_id("a", "alice")
     assert entity_id("a", "Alice") != entity_id("b", "Alice")
+
+
+def canonical_name(names: Counter[str]) -> str:
+    """The name resolve_entities gives one entity whose mentions use these surface forms."""
+    rows = [{"group_id": "g", "episode_id": f"e{i}-{n}", "valid_at": T1, "name": n,
+             "label": "Person", "attributes": None, "normalized": normalize_name(n),
+             "entity_id": "one", "root": "root", "evidence": "exact", "score": 1.0}
+            for n, count in names.items() for i in range(count)]
+    return resolve_entities(pa.Table.from_pylist(rows), T2)["name"].to_pylist()[0]
 
 
 def test_canonical_name_is_deterministic():
