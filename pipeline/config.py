@@ -38,6 +38,10 @@ class RayConfig(_Section):
         2, ge=1, description="runs of a failing stage before the build fails (Ray retries "
         "lost workers and tasks within each)"
     )
+    idle_workers: int = Field(
+        8, ge=0, description="idle worker processes a local Ray keeps warm (beyond its CPUs) "
+        "between Ray Data operations; 0 = Ray's default, which restarts them every second"
+    )
 
 
 class LimitsConfig(_Section):

@@ -24,6 +24,7 @@ import ray
 import ray.data
 
 from pipeline import faults, schema
+from pipeline.datasets import read_parquet_files
 
 if TYPE_CHECKING:
     from ray.data import Dataset
@@ -114,9 +115,8 @@ def run_in_chunks(ctx: RunContext, stage: Stage, key: str, inputs: dict[str, Dat
                     if v != before.get(k, 0)}
         marker.write_text(json.dumps({"rows": rows, "counters": counters}))
         log.info("%s chunk %d/%d done: %s", stage.name, index + 1, chunks, rows)
-    return {name: ray.data.read_parquet(
-        sorted(str(p) for p in root.glob(f"*/{name}/*.parquet"))).materialize()
-        for name in stage.outputs}
+    return {name: read_parquet_files(sorted(str(p) for p in root.glob(f"*/{name}/*.parquet")))
+            for name in stage.outputs}
 
 
 def resumable(stage: Stage, key: str = "episode_id") -> Stage:

@@ -23,6 +23,7 @@ from ray.data import ActorPoolStrategy, Dataset
 
 from pipeline import communities, facts, resolve, schema, sources
 from pipeline.config import TkgConfig
+from pipeline.datasets import read_parquet_files
 from pipeline.embed import EmbedColumn
 from pipeline.extract import EpisodeInput, build_extractor
 from pipeline.extract.llm import dataset_extractor
@@ -75,7 +76,7 @@ def previous_table(ctx: RunContext, table: str) -> Dataset | None:
     if ctx.previous is None:
         return None
     files = sorted(str(p) for p in (ctx.previous / table).rglob("*.parquet"))
-    return ray.data.read_parquet(files, partitioning=None) if files else None
+    return read_parquet_files(files) if files else None
 
 
 def all_extractions(ctx: RunContext, new: Dataset) -> Dataset:
