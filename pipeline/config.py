@@ -252,6 +252,12 @@ class QueryConfig(_Section):
     ann_rows_per_partition: int = Field(4_096, ge=256, description="IVF partition size")
     nprobes: int = Field(24, ge=1, description="IVF partitions searched per query")
     refine_factor: int = Field(4, ge=1, description="candidates re-scored exactly, x limit")
+    exact_scan_rows: int = Field(
+        50_000, ge=0, description="a vector search over at most this many rows of the "
+        "caller's groups is an exact scan in memory (no index call); 0 = always LanceDB")
+    memory_vector_rows: int = Field(
+        2_000_000, ge=0, description="tables up to this many rows keep their vectors in "
+        "memory for those scans (float32: 1.5 KB a row at 384-d)")
     recipe: str = Field("combined_hybrid_rrf", description="default search recipe")
     limit: int = Field(10, ge=1, le=1_000, description="results per kind")
     context_tokens: int = Field(2_000, ge=50, description="token budget of `tkg context`")

@@ -32,6 +32,7 @@ from query.search import (
     bm25,
     cosine,
     entities_in_scope,
+    exact_cosine,
     gather,
     make_scope,
     neighbours,
@@ -152,7 +153,8 @@ class Retriever:
         with self._lock:
             run_id = store.current_run(self.store)
             if self._snapshot is None or run_id != self._snapshot.run_id:
-                self._snapshot = open_snapshot(store.current_snapshot(self.store))
+                self._snapshot = open_snapshot(store.current_snapshot(self.store),
+                                               self._config)
                 self._vectors.clear()
             self._stamp = stamp
             return self._snapshot
@@ -250,6 +252,10 @@ class _Run:
     def hits(self, kind: str, method: str) -> Any:
         table = self.snap.kinds[kind]
         if method == "cosine":
+            found = exact_cosine(self.snap, kind, self.vector, self.scope, self.pool,
+                                 self.r.config)
+            if found is not None:
+                return _ready(found)
             return cosine(table, self.vector, self.scope, self.pool, self.r.config)
         return bm25(table, self.text, self.scope, self.pool)
 
@@ -407,6 +413,10 @@ class _Run:
 
     def _episode_source(self, row: int) -> str:
         return self.snap.kinds["episodes"].meta["source_id"][row].as_py()
+
+
+async def _ready(hits: Hits) -> Hits:
+    return hits
 
 
 def passage(meta: Any, kind: str, row: int, snap: Snapshot) -> str:

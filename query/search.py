@@ -139,6 +139,40 @@ async def cosine(kind: Kind, vector: np.ndarray, scope: Scope, limit: int,
     return [(r, 1.0 - d) for r, d in zip(rows, result["_distance"].to_pylist(), strict=True)]
 
 
+def exact_cosine(snapshot: Snapshot, kind: str, vector: np.ndarray, scope: Scope, limit: int,
+                 config: QueryConfig) -> Hits | None:
+    """The same ranking as `cosine` without an index call: an exact scan of the vectors kept
+    in memory, over the rows of the caller's groups only (contiguous ranges), filtered by
+    the in-memory twin of `where`. None when the kind has no vectors in memory, the groups
+    hold more than `exact_scan_rows` rows, or a label or relation filter is set (those go
+    to LanceDB's prefilter)."""
+    table = snapshot.kinds[kind]
+    if (table.vectors is None or table.group_start is None or scope.filters.labels
+            or scope.filters.relations):
+        return None
+    if limit <= 0:
+        return []
+    spans = [(int(table.group_start[c]), int(table.group_start[c + 1]))
+             for c in allowed_groups(snapshot, scope).tolist()]
+    if sum(end - start for start, end in spans) > config.exact_scan_rows:
+        return None
+    query = np.asarray(vector, dtype=np.float32)
+    query = query / (np.linalg.norm(query) or 1.0)
+    rows = [np.arange(start, end) for start, end in spans if end > start]
+    if not rows:
+        return []
+    scores = np.concatenate([table.vectors[start:end] @ query for start, end in spans
+                             if end > start])
+    rows_all = np.concatenate(rows)
+    keep = visible_mask(snapshot, kind, rows_all, scope)
+    rows_all, scores = rows_all[keep], scores[keep]
+    if len(rows_all) > limit:
+        top = np.argpartition(-scores, limit - 1)[:limit]
+        rows_all, scores = rows_all[top], scores[top]
+    order = np.lexsort((rows_all, -scores))
+    return [(int(rows_all[i]), float(scores[i])) for i in order]
+
+
 async def bm25(kind: Kind, text: str, scope: Scope, limit: int) -> Hits:
     """BM25 over the native full-text index; the text is matched as terms, never parsed."""
     from lancedb.query import MatchQuery
@@ -181,26 +215,31 @@ def allowed_groups(snapshot: Snapshot, scope: Scope) -> np.ndarray:
 
 
 def live_facts(snapshot: Snapshot, facts: np.ndarray, scope: Scope) -> np.ndarray:
-    """The fact rows among `facts` that the scope may see (groups, both timelines, relation
-    and date filters): the in-memory twin of `where("facts", ...)` for graph expansion."""
-    if len(facts) == 0:
-        return facts
-    t = snapshot.fact_times
-    k, a = scope.known_at, scope.as_of
-    ok = np.isin(snapshot.group_codes["facts"][facts], allowed_groups(snapshot, scope))
-    ok &= (t["created_at_us"][facts] <= k) & (t["expired_at_us"][facts] > k)
-    ok &= (t["valid_at_us"][facts] <= a) & (t["invalid_at_us"][facts] > a)
-    f = scope.filters
-    if f.valid_from is not None:
-        ok &= (t["valid_at_us"][facts] >= to_micros(f.valid_from, "valid_from"))
-        ok &= t["valid_at_us"][facts] > PAST
-    if f.valid_to is not None:
-        ok &= t["valid_at_us"][facts] <= to_micros(f.valid_to, "valid_to")
-    if f.relations:
+    """The fact rows among `facts` that the scope may see (graph expansion)."""
+    return facts[visible_mask(snapshot, "facts", facts, scope)] if len(facts) else facts
+
+
+def visible_mask(snapshot: Snapshot, kind: str, rows: np.ndarray, scope: Scope) -> np.ndarray:
+    """Which of `rows` the scope may see: the in-memory twin of `where(kind, ...)` (groups,
+    both timelines, relation and date filters; labels aside, see `with_labels`)."""
+    t = snapshot.kinds[kind].times
+    k, a, f = scope.known_at, scope.as_of, scope.filters
+    ok = np.isin(snapshot.group_codes[kind][rows], allowed_groups(snapshot, scope))
+    ok &= t["created_at_us"][rows] <= k
+    if kind == "facts":
+        ok &= (t["expired_at_us"][rows] > k)
+        ok &= (t["valid_at_us"][rows] <= a) & (t["invalid_at_us"][rows] > a)
+    if kind in ("facts", "episodes"):
+        if f.valid_from is not None:
+            ok &= (t["valid_at_us"][rows] >= to_micros(f.valid_from, "valid_from"))
+            ok &= t["valid_at_us"][rows] > PAST
+        if f.valid_to is not None:
+            ok &= t["valid_at_us"][rows] <= to_micros(f.valid_to, "valid_to")
+    if kind == "facts" and f.relations:
         relations = snapshot.kinds["facts"].meta["relation"]
-        ok &= np.isin(np.asarray(relations.take(facts).to_pylist(), dtype=object),
+        ok &= np.isin(np.asarray(relations.take(rows).to_pylist(), dtype=object),
                       list(f.relations))
-    return facts[ok]
+    return ok
 
 
 def with_labels(snapshot: Snapshot, rows: list[int], labels: tuple[str, ...]) -> list[int]:
@@ -276,7 +315,8 @@ def order_reached(reached: dict[int, int], texts: Any, query_terms: frozenset[st
     import pyarrow as pa
 
     values = texts.take(pa.array(rows, pa.int64())).to_pylist()
-    overlap = [len(query_terms & terms(v or "")) for v in values]
+    find = WORD.findall  # query terms are already lower-case words of 3+ letters
+    overlap = [len(query_terms.intersection(find(v.lower()))) if v else 0 for v in values]
     order = sorted(range(len(rows)), key=lambda i: (reached[rows[i]], -overlap[i], i))
     return [rows[i] for i in order]
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline import store
+from pipeline.config import QueryConfig
 from query.index import LANCE_DIR, SPECS, read_published
 
 
@@ -29,11 +30,17 @@ class Kind:
     meta: pa.Table
     ann: bool  # has a vector index (else exact search)
     bounds: dict[str, tuple[int, int]] = field(default_factory=dict)  # (min, max) per *_us
+    times: dict[str, np.ndarray] = field(default_factory=dict)  # *_us columns as numpy
+    # Unit vectors of every row, when the table is small enough to scan in memory (see
+    # `query.exact_scan_rows`); rows of one group are contiguous (tables sort by group).
+    vectors: np.ndarray | None = None
+    group_start: np.ndarray | None = None  # rows of group code g: [start[g], start[g + 1])
 
     def __post_init__(self) -> None:
         for column in self.meta.column_names:
             if column.endswith("_us") and self.meta.num_rows:
                 values = self.meta[column].to_numpy()
+                self.times[column] = values
                 self.bounds[column] = (int(values.min()), int(values.max()))
 
     @property
@@ -103,11 +110,28 @@ def _rows_of(values: pa.ChunkedArray | pa.Array, keys: pa.ChunkedArray | pa.Arra
     return pc.fill_null(index, -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def open_snapshot(snapshot: Path) -> Snapshot:
-    """Open a published snapshot's retrieval tables (they are built at publish)."""
+def _unit_vectors(table: Any, rows: int) -> np.ndarray:
+    data = table.search().select(["row", "vector"]).limit(rows).to_arrow().sort_by("row")
+    vectors = data["vector"].combine_chunks().flatten().to_numpy().reshape(rows, -1)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.ascontiguousarray(vectors / np.where(norms > 0, norms, 1), dtype=np.float32)
+
+
+def snapshot_config(manifest: dict[str, Any]) -> QueryConfig:
+    """The query section the snapshot was built with (defaults where it has none)."""
+    try:
+        return QueryConfig.model_validate((manifest.get("config") or {}).get("query") or {})
+    except ValueError:
+        return QueryConfig()
+
+
+def open_snapshot(snapshot: Path, config: QueryConfig | None = None) -> Snapshot:
+    """Open a published snapshot's retrieval tables (they are built at publish); tables
+    whose groups are small enough for an exact in-memory scan keep their vectors."""
     import lancedb
 
     manifest = store.read_manifest(snapshot)
+    config = config or snapshot_config(manifest)
     lance_dir = snapshot / LANCE_DIR
     if not lance_dir.is_dir():
         raise store.StoreError(
@@ -130,6 +154,13 @@ def open_snapshot(snapshot: Path) -> Snapshot:
     groups = {g: i for i, g in enumerate(all_groups)}
     group_keys = pa.array(all_groups, pa.string())
     codes = {n: _rows_of(k.meta["group_id"], group_keys) for n, k in kinds.items()}
+    for name, kind in kinds.items():
+        if kind.table is None or np.any(np.diff(codes[name]) < 0):
+            continue  # (rows sort by group_id, so codes never decrease)
+        kind.group_start = np.searchsorted(codes[name], np.arange(len(groups) + 1))
+        smallest = int(np.diff(kind.group_start).min()) if groups else 0
+        if kind.rows <= config.memory_vector_rows and smallest <= config.exact_scan_rows:
+            kind.vectors = _unit_vectors(kind.table, kind.rows)
 
     entities, facts, episodes = kinds["entities"].meta, kinds["facts"].meta, kinds["episodes"].meta
     n_entities = entities.num_rows

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from datetime import UTC, datetime
 
 from pipeline.config import QueryConfig
 
@@ -31,7 +32,8 @@ def test_ivf_tables_answer_within_their_group(tmp_path):
     import query
     from jobs.bench_query import SyntheticEmbedder, synth_tables, write_store
 
-    config = QueryConfig(ann_min_rows=1_000, ann_rows_per_partition=256, nprobes=4)
+    config = QueryConfig(ann_min_rows=1_000, ann_rows_per_partition=256, nprobes=4,
+                         exact_scan_rows=0)  # every vector search through LanceDB
     tables, centroids = synth_tables(3_000, 32, 3, seed=1)
     figures = write_store(tmp_path, tables, 32, config)
     assert figures["facts"]["vector_index"] == "IVF_PQ"
@@ -46,3 +48,37 @@ def test_ivf_tables_answer_within_their_group(tmp_path):
         .to_pylist())
     assert {f.edge_id for f in result.facts} <= edges
     assert tables["facts"]["edge_id"][7].as_py() in {f.edge_id for f in result.facts}
+
+
+def test_exact_scan_in_memory_ranks_as_lancedb_does(tmp_path):
+    """The in-memory exact scan returns what LanceDB's exact search returns, for every
+    kind, group set and point in both timelines (it only saves the index call)."""
+    from jobs.bench_query import SyntheticEmbedder, synth_tables, write_store
+    from query import search
+    from query.snapshot import open_snapshot
+
+    config = QueryConfig(ann_min_rows=10**9)  # LanceDB searches these tables exactly too
+    tables, centroids = synth_tables(3_000, 32, 3, seed=2)
+    write_store(tmp_path, tables, 32, config)
+    from pipeline import store
+
+    snap = open_snapshot(store.current_snapshot(tmp_path), config)
+    embedder = SyntheticEmbedder(centroids)
+    scopes = [search.make_scope(["g000"]), search.make_scope(["g001", "g002"]),
+              search.make_scope(["g000"], as_of="2021-06-01", known_at="2024-06-01"),
+              search.make_scope(["g002"], filters=search.Filters(
+                  valid_from=datetime(2021, 1, 1, tzinfo=UTC)))]
+    compared = 0
+    for kind in ("facts", "entities", "communities", "episodes"):
+        assert snap.kinds[kind].vectors is not None
+        for i, scope in enumerate(scopes):
+            text = tables["facts"]["fact"][i * 11].as_py()
+            vector = embedder.embed([text])[0]
+            exact = search.exact_cosine(snap, kind, vector, scope, 15, config)
+            indexed = search.gather([search.cosine(snap.kinds[kind], vector, scope, 15,
+                                                   config)])[0]
+            assert [r for r, _ in exact] == [r for r, _ in indexed], (kind, i)
+            assert max((abs(a - b) for (_, a), (_, b) in zip(exact, indexed, strict=True)),
+                       default=0) < 1e-4
+            compared += len(exact)
+    assert compared > 100
