@@ -161,8 +161,11 @@ def exact_cosine(snapshot: Snapshot, kind: str, vector: np.ndarray, scope: Scope
     rows = [np.arange(start, end) for start, end in spans if end > start]
     if not rows:
         return []
-    scores = np.concatenate([table.vectors[start:end] @ query for start, end in spans
-                             if end > start])
+    # einsum, not `@`: BLAS would spread a matrix-vector product over threads that then
+    # spin-wait, which doubled the CPU of a whole query (101 -> 57 ms at 1M facts) and is
+    # slower single-threaded too (25,000 x 384: 3.0 ms with BLAS, 1.6 ms with einsum).
+    scores = np.concatenate([np.einsum("ij,j->i", table.vectors[start:end], query)
+                             for start, end in spans if end > start])
     rows_all = np.concatenate(rows)
     keep = visible_mask(snapshot, kind, rows_all, scope)
     rows_all, scores = rows_all[keep], scores[keep]
