@@ -38,6 +38,11 @@ class RayConfig(_Section):
         2, ge=1, description="runs of a failing stage before the build fails (Ray retries "
         "lost workers and tasks within each)"
     )
+    actor_restarts: int = Field(
+        2, ge=0, description="restarts of a model actor whose process dies (OOM, segfault) "
+        "and retries of its batch; past them the stage fails (Ray Data's default retries "
+        "forever, so one poison batch would hang the build)"
+    )
     idle_workers: int = Field(
         8, ge=0, description="idle worker processes a local Ray keeps warm (beyond its CPUs) "
         "between Ray Data operations; 0 = Ray's default, which restarts them every second"

@@ -7,6 +7,7 @@
     before_switch          the driver "dies" after the snapshot is written, before CURRENT
     stage_error:<stage>    <stage> raises on every attempt (a stage that keeps failing)
     worker_exit:<stage>    one Ray worker of <stage> exits hard, once (Ray retries it)
+    actor_exit:<stage>     every model actor of <stage> exits hard on every batch
     enospc:<point>         the disk is "full" at <point> (e.g. before_switch)
 
 A "death" is `InjectedCrash`, a BaseException: it escapes every `except Exception` the way a
@@ -53,6 +54,16 @@ def hit(point: str, arg: str = "") -> None:
             if kind in CRASHES:
                 raise InjectedCrash(f"{ENV}={kind}:{target}")
             raise InjectedError(f"injected failure ({ENV}={kind}:{target})")
+
+
+def actor_exit(stage: str) -> bool:
+    """Whether the model actors of `stage` must die on every batch (read on the driver and
+    handed to the actors, whose environment is the cluster's, not the test's)."""
+    return ("actor_exit", stage) in specs()
+
+
+def die() -> None:
+    os._exit(1)  # a process lost mid-batch: no exception, no cleanup
 
 
 def worker_inputs(stage: str, inputs: dict, marker_dir: Path) -> dict:

@@ -21,7 +21,7 @@ import ray
 import ray.data
 from ray.data import ActorPoolStrategy, Dataset
 
-from pipeline import communities, facts, resolve, schema, sources
+from pipeline import communities, facts, faults, resolve, schema, sources
 from pipeline.config import TkgConfig
 from pipeline.datasets import read_parquet_files
 from pipeline.embed import EmbedColumn
@@ -189,13 +189,23 @@ def _decode_rejects(batch: pa.Table) -> pa.Table:
 # --- extract ------------------------------------------------------------------------------
 
 
+def model_actors(ctx: RunContext) -> dict[str, int]:
+    """Ray options of a model actor pool: a dead actor is restarted and its batch retried
+    `ray.actor_restarts` times, then the stage fails (and `ray.stage_attempts` decides)."""
+    restarts = ctx.config.ray.actor_restarts
+    return {"max_restarts": restarts, "max_task_retries": restarts}
+
+
 class ExtractBatch:
     """Ray Data UDF: one extractor per actor, Arrow batches in and out."""
 
-    def __init__(self, config: TkgConfig) -> None:
+    def __init__(self, config: TkgConfig, crash: bool = False) -> None:
         self.extractor = build_extractor(config)
+        self.crash = crash  # faults.actor_exit: the process dies on every batch
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        if self.crash:
+            faults.die()
         episodes = [
             EpisodeInput(
                 episode_id=r["episode_id"], group_id=r["group_id"], kind=r["kind"],
@@ -246,9 +256,9 @@ def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
                     _extraction_rejects(ctx.run_id, ctx.created_at), batch_format="pyarrow")}
     actors = ctx.config.extract.actors or ctx.cpus
     extractions = spread(inputs["episodes"], ctx.config.extract.batch_size).map_batches(
-        ExtractBatch, fn_constructor_args=(ctx.config,), batch_format="pyarrow",
-        batch_size=ctx.config.extract.batch_size, compute=ActorPoolStrategy(size=actors),
-        num_cpus=1,
+        ExtractBatch, fn_constructor_args=(ctx.config, faults.actor_exit("extract")),
+        batch_format="pyarrow", batch_size=ctx.config.extract.batch_size,
+        compute=ActorPoolStrategy(size=actors), num_cpus=1, **model_actors(ctx),
     ).materialize()
     rejects = extractions.map_batches(_extraction_rejects(ctx.run_id, ctx.created_at),
                                       batch_format="pyarrow")
@@ -325,7 +335,7 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
     if undecided and ctx.config.resolve.adjudicator != "none":
         pairs = pairs.map_batches(
             AdjudicateBatch, fn_constructor_args=(ctx.config,), batch_format="pyarrow",
-            compute=ActorPoolStrategy(size=1), num_cpus=1).materialize()
+            compute=ActorPoolStrategy(size=1), num_cpus=1, **model_actors(ctx)).materialize()
         pairs = take_usage(ctx, pairs, "resolve").materialize()  # LLM judges' calls, tokens
         ctx.count("adjudicated_pairs", undecided - _undecided(pairs))
     every_node = nodes.map_batches(resolve.node_pairs, batch_format="pyarrow")
@@ -422,6 +432,7 @@ def embed_column(ctx: RunContext, ds: Dataset, text: str, vector: str) -> Datase
     return spread(ds, EMBED_BLOCK_ROWS).map_batches(
         EmbedColumn, fn_constructor_args=(ctx.config, text, vector), batch_format="pyarrow",
         batch_size=EMBED_BLOCK_ROWS, compute=ActorPoolStrategy(size=actors), num_cpus=1,
+        **model_actors(ctx),
         **({"num_gpus": ctx.config.embed.gpus_per_actor}
            if ctx.config.embed.gpus_per_actor else {}),  # BGE-m3 on GPU actors
     )

@@ -185,6 +185,21 @@ def test_a_stage_that_keeps_failing_fails_clearly_and_keeps_current(
     assert not store.snapshot_dir(store_dir, "doomed").exists()
 
 
+def test_a_model_actor_that_keeps_dying_fails_the_stage_instead_of_hanging(
+        ray_session, config, tmp_path, monkeypatch):
+    """Ray Data restarts a dead actor and retries its batch forever by default: one batch
+    that kills its process (OOM, a segfault in a model) would hang the build. Ours gives up
+    after `ray.actor_restarts` and fails the stage with the cause."""
+    once = config.model_copy(update={"ray": config.ray.model_copy(update={
+        "stage_attempts": 1, "actor_restarts": 1})})
+    monkeypatch.setenv(faults.ENV, "actor_exit:extract")
+    with pytest.raises(reliability.StageFailed) as caught:
+        build(once, [str(CORPUS / "documents.jsonl")], tmp_path / "store", run_id="poison")
+    message = str(caught.value)
+    assert "stage 'extract' failed 1 time(s)" in message and "died" in message.lower()
+    assert store.current_run(tmp_path / "store") is None
+
+
 def test_disk_and_permission_errors_are_named_before_any_work(config, tmp_path):
     files = [CORPUS / "documents.jsonl"]
     greedy = config.model_copy(update={
