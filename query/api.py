@@ -33,10 +33,11 @@ from query.search import (
     cosine,
     entities_in_scope,
     exact_cosine,
-    gather,
+    exact_spans,
     make_scope,
     neighbours,
     order_reached,
+    start,
     terms,
     vectors_of,
     with_labels,
@@ -250,19 +251,33 @@ class _Run:
         return self._vector
 
     def hits(self, kind: str, method: str) -> Any:
+        """The LanceDB search of one kind and method (a coroutine)."""
         table = self.snap.kinds[kind]
         if method == "cosine":
-            found = exact_cosine(self.snap, kind, self.vector, self.scope, self.pool,
-                                 self.r.config)
-            if found is not None:
-                return _ready(found)
             return cosine(table, self.vector, self.scope, self.pool, self.r.config)
         return bm25(table, self.text, self.scope, self.pool)
+
+    def _candidates(self, wanted: list[tuple[str, str]]) -> list[Hits]:
+        """Every (kind, method)'s hits: the LanceDB searches start first, then the exact
+        in-memory scans run on this thread while LanceDB works on its own."""
+        spans = {i: exact_spans(self.snap, kind, self.scope, self.r.config)
+                 for i, (kind, method) in enumerate(wanted) if method == "cosine"}
+        scans = {i: s for i, s in spans.items() if s is not None}
+        running = start([self.hits(kind, method) for i, (kind, method) in enumerate(wanted)
+                         if i not in scans])
+        try:
+            exact = {i: exact_cosine(self.snap, wanted[i][0], self.vector, self.scope,
+                                     self.pool, self.r.config, s) for i, s in scans.items()}
+            remote = iter(running.result())
+        except BaseException:
+            running.cancel()
+            raise
+        return [exact[i] if i in exact else next(remote) for i in range(len(wanted))]
 
     def result(self) -> SearchResult:
         parts = {k: getattr(self.recipe, k) for k in KINDS if getattr(self.recipe, k)}
         wanted = [(kind, m) for kind, part in parts.items() for m in part.methods if m != "bfs"]
-        found = gather([self.hits(kind, m) for kind, m in wanted])
+        found = self._candidates(wanted)
         lists: dict[str, list[list[int]]] = {kind: [] for kind in parts}
         for (kind, _), hits in zip(wanted, found, strict=True):
             lists[kind].append([r for r, _ in hits])
@@ -413,10 +428,6 @@ class _Run:
 
     def _episode_source(self, row: int) -> str:
         return self.snap.kinds["episodes"].meta["source_id"][row].as_py()
-
-
-async def _ready(hits: Hits) -> Hits:
-    return hits
 
 
 def passage(meta: Any, kind: str, row: int, snap: Snapshot) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Coroutine, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -139,23 +140,34 @@ async def cosine(kind: Kind, vector: np.ndarray, scope: Scope, limit: int,
     return [(r, 1.0 - d) for r, d in zip(rows, result["_distance"].to_pylist(), strict=True)]
 
 
-def exact_cosine(snapshot: Snapshot, kind: str, vector: np.ndarray, scope: Scope, limit: int,
-                 config: QueryConfig) -> Hits | None:
-    """The same ranking as `cosine` without an index call: an exact scan of the vectors kept
-    in memory, over the rows of the caller's groups only (contiguous ranges), filtered by
-    the in-memory twin of `where`. None when the kind has no vectors in memory, the groups
-    hold more than `exact_scan_rows` rows, or a label or relation filter is set (those go
-    to LanceDB's prefilter)."""
+Spans = list[tuple[int, int]]  # row ranges [start, end) of the caller's groups
+
+
+def exact_spans(snapshot: Snapshot, kind: str, scope: Scope, config: QueryConfig
+                ) -> Spans | None:
+    """The rows an exact in-memory scan would cover, or None when `cosine` must ask LanceDB:
+    the kind has no vectors in memory, the groups hold more than `exact_scan_rows` rows, or
+    a label or relation filter is set (those go to LanceDB's prefilter)."""
     table = snapshot.kinds[kind]
     if (table.vectors is None or table.group_start is None or scope.filters.labels
             or scope.filters.relations):
         return None
-    if limit <= 0:
-        return []
     spans = [(int(table.group_start[c]), int(table.group_start[c + 1]))
              for c in allowed_groups(snapshot, scope).tolist()]
-    if sum(end - start for start, end in spans) > config.exact_scan_rows:
+    return spans if sum(end - start for start, end in spans) <= config.exact_scan_rows else None
+
+
+def exact_cosine(snapshot: Snapshot, kind: str, vector: np.ndarray, scope: Scope, limit: int,
+                 config: QueryConfig, spans: Spans | None = None) -> Hits | None:
+    """The same ranking as `cosine` without an index call: an exact scan of the vectors kept
+    in memory, over the rows of the caller's groups only (contiguous ranges, `exact_spans`),
+    filtered by the in-memory twin of `where`. None where `exact_spans` is None."""
+    spans = exact_spans(snapshot, kind, scope, config) if spans is None else spans
+    if spans is None:
         return None
+    if limit <= 0:
+        return []
+    table = snapshot.kinds[kind]
     query = np.asarray(vector, dtype=np.float32)
     query = query / (np.linalg.norm(query) or 1.0)
     rows = [np.arange(start, end) for start, end in spans if end > start]
@@ -190,15 +202,26 @@ async def bm25(kind: Kind, text: str, scope: Scope, limit: int) -> Hits:
     return list(zip(result["row"].to_pylist(), result["_score"].to_pylist(), strict=True))
 
 
-def gather(searches: list[Coroutine[Any, Any, Hits]]) -> list[Hits]:
-    """Run searches concurrently on LanceDB's event loop (they wait on I/O and Rust
-    threads, so one query's searches overlap instead of queueing)."""
+def start(searches: list[Coroutine[Any, Any, Hits]]) -> Future[list[Hits]]:
+    """Start searches concurrently on LanceDB's event loop (they wait on I/O and Rust
+    threads, so one query's searches overlap instead of queueing, and the caller's thread
+    is free meanwhile); `.result()` waits for all of them."""
     from lancedb.background_loop import LOOP
 
     async def together() -> list[Hits]:
         return list(await asyncio.gather(*searches))
 
-    return LOOP.run(together())
+    return asyncio.run_coroutine_threadsafe(together(), LOOP.loop)
+
+
+def gather(searches: list[Coroutine[Any, Any, Hits]]) -> list[Hits]:
+    """Run searches concurrently on LanceDB's event loop and wait for them."""
+    running = start(searches)
+    try:
+        return running.result()
+    except BaseException:
+        running.cancel()
+        raise
 
 
 def vectors_of(kind: Kind, rows: Sequence[int], scope: Scope) -> dict[int, np.ndarray]:
