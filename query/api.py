@@ -42,7 +42,7 @@ from query.search import (
     vectors_of,
     with_labels,
 )
-from query.snapshot import QueryError, Snapshot, open_snapshot
+from query.snapshot import QueryError, Snapshot, open_snapshot, snapshot_config
 
 KINDS = ("facts", "entities", "communities", "episodes")
 ENTITY_PROVENANCE = 2  # newest episodes cited per top entity
@@ -163,11 +163,7 @@ class Retriever:
     @property
     def config(self) -> QueryConfig:
         if self._config is None:
-            section = (self.snapshot().manifest.get("config") or {}).get("query")
-            try:
-                self._config = QueryConfig.model_validate(section or {})
-            except ValueError:
-                self._config = QueryConfig()
+            self._config = snapshot_config(self.snapshot().manifest)
         return self._config
 
     @property

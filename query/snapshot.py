@@ -80,7 +80,6 @@ class Snapshot:
     group_codes: dict[str, np.ndarray]  # kind -> group code per row
     fact_src: np.ndarray  # entity row of each fact row's source (-1: none)
     fact_tgt: np.ndarray
-    fact_times: dict[str, np.ndarray]  # valid_at_us, invalid_at_us, created_at_us, ...
     fact_support: np.ndarray  # provenance episodes per fact row
     entity_facts: Csr  # entity row -> fact rows touching it
     entity_episodes: Csr  # entity row -> episode rows mentioning it (newest first)
@@ -181,11 +180,10 @@ def open_snapshot(snapshot: Path, config: QueryConfig | None = None) -> Snapshot
     entity_episodes = Csr.build(m_entity[newest], m_episode[newest], n_entities)
     episode_entities = Csr.build(m_episode, m_entity, episodes.num_rows)
 
-    times = {c: facts[c].to_numpy() for c in facts.column_names if c.endswith("_us")}
     support = pc.fill_null(pc.list_value_length(facts["episode_ids"]), 0)
     return Snapshot(
         run_id=manifest["run_id"], path=snapshot, manifest=manifest, kinds=kinds,
-        groups=groups, group_codes=codes, fact_src=src, fact_tgt=tgt, fact_times=times,
+        groups=groups, group_codes=codes, fact_src=src, fact_tgt=tgt,
         fact_support=support.to_numpy(zero_copy_only=False).astype(np.int64),
         entity_facts=entity_facts, entity_episodes=entity_episodes,
         episode_entities=episode_entities,
