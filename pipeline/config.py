@@ -263,6 +263,10 @@ class QueryConfig(_Section):
     memory_vector_rows: int = Field(
         2_000_000, ge=0, description="tables up to this many rows keep their vectors in "
         "memory for those scans (float32: 1.5 KB a row at 384-d)")
+    memory_text_rows: int = Field(
+        2_000_000, ge=0, description="tables up to this many rows keep BM25 postings in "
+        "memory (about 70 bytes a row) and rank full-text searches there, exactly as the "
+        "native index would; larger tables, and label or relation filters, use LanceDB")
     recipe: str = Field("combined_hybrid_rrf", description="default search recipe")
     limit: int = Field(10, ge=1, le=1_000, description="results per kind")
     context_tokens: int = Field(2_000, ge=50, description="token budget of `tkg context`")

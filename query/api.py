@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,9 @@ from query.search import (
     entities_in_scope,
     exact_cosine,
     exact_spans,
+    group_spans,
     make_scope,
+    memory_bm25,
     neighbours,
     order_reached,
     start,
@@ -253,17 +256,27 @@ class _Run:
             return cosine(table, self.vector, self.scope, self.pool, self.r.config)
         return bm25(table, self.text, self.scope, self.pool)
 
+    def _in_memory(self, kind: str, method: str) -> Any:
+        """A search that can run in memory (a function of nothing), or None."""
+        if method == "cosine":
+            spans = exact_spans(self.snap, kind, self.scope, self.r.config)
+            return None if spans is None else partial(
+                exact_cosine, self.snap, kind, self.vector, self.scope, self.pool,
+                self.r.config, spans)
+        if self.snap.kinds[kind].terms is None or group_spans(self.snap, kind,
+                                                              self.scope) is None:
+            return None
+        return partial(memory_bm25, self.snap, kind, self.text, self.scope, self.pool)
+
     def _candidates(self, wanted: list[tuple[str, str]]) -> list[Hits]:
-        """Every (kind, method)'s hits: the LanceDB searches start first, then the exact
-        in-memory scans run on this thread while LanceDB works on its own."""
-        spans = {i: exact_spans(self.snap, kind, self.scope, self.r.config)
-                 for i, (kind, method) in enumerate(wanted) if method == "cosine"}
-        scans = {i: s for i, s in spans.items() if s is not None}
+        """Every (kind, method)'s hits: the LanceDB searches start first, then the
+        in-memory searches run on this thread while LanceDB works on its own."""
+        local = {i: f for i, (kind, method) in enumerate(wanted)
+                 if (f := self._in_memory(kind, method)) is not None}
         running = start([self.hits(kind, method) for i, (kind, method) in enumerate(wanted)
-                         if i not in scans])
+                         if i not in local])
         try:
-            exact = {i: exact_cosine(self.snap, wanted[i][0], self.vector, self.scope,
-                                     self.pool, self.r.config, s) for i, s in scans.items()}
+            exact = {i: search() for i, search in local.items()}
             remote = iter(running.result())
         except BaseException:
             running.cancel()
@@ -275,10 +288,13 @@ class _Run:
         wanted = [(kind, m) for kind, part in parts.items() for m in part.methods if m != "bfs"]
         found = self._candidates(wanted)
         lists: dict[str, list[list[int]]] = {kind: [] for kind in parts}
+        scores: dict[str, list[list[float] | None]] = {kind: [] for kind in parts}
         for (kind, _), hits in zip(wanted, found, strict=True):
             lists[kind].append([r for r, _ in hits])
+            scores[kind].append([s for _, s in hits])
         if any("bfs" in p.methods for p in parts.values()):
-            expansion = bfs(self.snap, self._seeds(lists), self.scope, self.recipe.bfs_hops,
+            expansion = bfs(self.snap, self._seeds(lists, scores), self.scope,
+                            self.recipe.bfs_hops,
                             self.recipe.bfs_max_edges)
             words = terms(self.text)
             reached = {
@@ -290,11 +306,13 @@ class _Run:
             for kind, part in parts.items():
                 if "bfs" in part.methods:
                     lists[kind].append(reached.get(kind, []))
-        ranked = {kind: self._rerank(kind, part, lists[kind])[:self.limit]
+                    scores[kind].append(None)  # (ordered by hops and words: no ties)
+        ranked = {kind: self._rerank(kind, part, lists[kind], scores[kind])[:self.limit]
                   for kind, part in parts.items()}
         return self._hydrate(ranked)
 
-    def _seeds(self, lists: dict[str, list[list[int]]]) -> list[int]:
+    def _seeds(self, lists: dict[str, list[list[int]]],
+               scores: dict[str, list[list[float] | None]]) -> list[int]:
         """Where BFS starts: the center, given origins, a conversation's recent episodes'
         entities; without any of those, the entities of the top hits."""
         seeds = ([self.center] if self.center is not None else []) + self.origins
@@ -303,7 +321,8 @@ class _Run:
             return seeds
         top = self.recipe.bfs_seeds
         for kind, found in lists.items():
-            fused = [row for row, _ in rerank.rrf(found, self.recipe.rrf_k)][:top]
+            fused = [row for row, _ in rerank.rrf(found, self.recipe.rrf_k,
+                                                  scores=scores[kind])][:top]
             if kind == "entities":
                 seeds += fused
             elif kind == "facts":
@@ -326,8 +345,9 @@ class _Run:
         newest = rows[np.argsort(-episodes["valid_at_us"].to_numpy()[rows])][:recent]
         return [int(e) for e in self.snap.episode_entities.of_many(newest)]
 
-    def _rerank(self, kind: str, part: Part, found: list[list[int]]) -> Hits:
-        fused = rerank.rrf(found, self.recipe.rrf_k)
+    def _rerank(self, kind: str, part: Part, found: list[list[int]],
+                scores: list[list[float] | None]) -> Hits:
+        fused = rerank.rrf(found, self.recipe.rrf_k, scores=scores)
         keys = [row for row, _ in fused][:self.pool]
         meta = self.snap.kinds[kind].meta
         if part.reranker == "rrf" or not keys:

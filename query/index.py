@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from pipeline import schema
 from pipeline.config import QueryConfig
+from query.lexical import STOP_WORDS
 
 os.environ.setdefault("LANCE_LOG", "error")  # lance logs deprecation notes per query
 
@@ -118,7 +119,8 @@ def index_table(db: Any, spec: TableSpec, data: pa.Table, dim: int,
     if data.num_rows:
         table.create_index("group_id", config=Bitmap())
         table.create_index("row", config=BTree())
-        table.create_index("text", config=FTS(with_position=False))
+        table.create_index("text", config=FTS(with_position=False,
+                                              custom_stop_words=list(STOP_WORDS)))
         if data.num_rows >= config.ann_min_rows:
             table.create_index("vector", config=_vector_index(data.num_rows, dim, config))
             built["vector_index"] = config.ann_index

@@ -18,15 +18,28 @@ K = TypeVar("K", bound=Hashable)
 UNREACHABLE = 1_000_000  # hop distance of a node the center cannot reach
 
 
-def rrf(lists: Sequence[Sequence[K]], k: int = 60,
-        weights: Sequence[float] | None = None) -> list[tuple[K, float]]:
-    """Reciprocal rank fusion: score(x) = sum_i w_i / (k + rank_i(x)), ranks from 1."""
+def rrf(lists: Sequence[Sequence[K]], k: int = 60, weights: Sequence[float] | None = None,
+        scores: Sequence[Sequence[float] | None] | None = None) -> list[tuple[K, float]]:
+    """Reciprocal rank fusion: score(x) = sum_i w_i / (k + rank_i(x)), ranks from 1. With
+    `scores` (per list, parallel to it, or None), keys a method scored equally (in float32)
+    share the best rank of their run: BM25 often ties short facts, and an arbitrary order
+    among them would otherwise decide the fusion."""
     weights = weights or [1.0] * len(lists)
-    scores: dict[K, float] = {}
-    for ranked, weight in zip(lists, weights, strict=True):
-        for rank, key in enumerate(dict.fromkeys(ranked), start=1):
-            scores[key] = scores.get(key, 0.0) + weight / (k + rank)
-    return sorted(scores.items(), key=lambda item: -item[1])
+    given = scores or [None] * len(lists)
+    fused: dict[K, float] = {}
+    for ranked, weight, values in zip(lists, weights, given, strict=True):
+        seen: set[K] = set()
+        rank, previous = 0, None
+        for position, key in enumerate(ranked):
+            if key in seen:
+                continue
+            seen.add(key)
+            value = None if values is None else float(np.float32(values[position]))
+            if value is None or value != previous:
+                rank = len(seen)
+            previous = value
+            fused[key] = fused.get(key, 0.0) + weight / (k + rank)
+    return sorted(fused.items(), key=lambda item: -item[1])
 
 
 def mmr(query: np.ndarray, keys: Sequence[K], vectors: np.ndarray, lam: float = 0.5,

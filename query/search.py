@@ -143,17 +143,26 @@ async def cosine(kind: Kind, vector: np.ndarray, scope: Scope, limit: int,
 Spans = list[tuple[int, int]]  # row ranges [start, end) of the caller's groups
 
 
+def group_spans(snapshot: Snapshot, kind: str, scope: Scope) -> Spans | None:
+    """The row ranges of the caller's groups, or None where an in-memory search cannot
+    stand in for LanceDB's prefilter: rows not sorted by group, or a label or relation
+    filter set (those filters only exist as LanceDB prefilters)."""
+    table = snapshot.kinds[kind]
+    if table.group_start is None or scope.filters.labels or scope.filters.relations:
+        return None
+    spans = [(int(table.group_start[c]), int(table.group_start[c + 1]))
+             for c in allowed_groups(snapshot, scope).tolist()]
+    return [(start, end) for start, end in spans if end > start]
+
+
 def exact_spans(snapshot: Snapshot, kind: str, scope: Scope, config: QueryConfig
                 ) -> Spans | None:
     """The rows an exact in-memory scan would cover, or None when `cosine` must ask LanceDB:
     the kind has no vectors in memory, the groups hold more than `exact_scan_rows` rows, or
-    a label or relation filter is set (those go to LanceDB's prefilter)."""
-    table = snapshot.kinds[kind]
-    if (table.vectors is None or table.group_start is None or scope.filters.labels
-            or scope.filters.relations):
+    `group_spans` is None."""
+    spans = group_spans(snapshot, kind, scope)
+    if snapshot.kinds[kind].vectors is None or spans is None:
         return None
-    spans = [(int(table.group_start[c]), int(table.group_start[c + 1]))
-             for c in allowed_groups(snapshot, scope).tolist()]
     return spans if sum(end - start for start, end in spans) <= config.exact_scan_rows else None
 
 
@@ -165,10 +174,7 @@ def exact_cosine(snapshot: Snapshot, kind: str, vector: np.ndarray, scope: Scope
     spans = exact_spans(snapshot, kind, scope, config) if spans is None else spans
     if spans is None:
         return None
-    if limit <= 0:
-        return []
-    spans = [(start, end) for start, end in spans if end > start]
-    if not spans:
+    if limit <= 0 or not spans:
         return []
     table = snapshot.kinds[kind]
     query = np.asarray(vector, dtype=np.float32)
@@ -186,6 +192,24 @@ def exact_cosine(snapshot: Snapshot, kind: str, vector: np.ndarray, scope: Scope
         rows_all, scores = rows_all[top], scores[top]
     order = np.lexsort((rows_all, -scores))
     return [(int(rows_all[i]), float(scores[i])) for i in order]
+
+
+def memory_bm25(snapshot: Snapshot, kind: str, text: str, scope: Scope, limit: int
+                ) -> Hits | None:
+    """The same ranking as `bm25` from the postings kept in memory (`query.lexical`), over
+    the rows of the caller's groups only, filtered by the in-memory twin of `where`; equal
+    scores rank the more recent fact or episode first. None where the kind keeps no
+    postings or `group_spans` is None."""
+    table = snapshot.kinds[kind]
+    spans = group_spans(snapshot, kind, scope) if table.terms is not None else None
+    if spans is None:
+        return None
+    text = " ".join(text[:MAX_QUERY_CHARS].split())
+    if limit <= 0 or not spans or not text:
+        return []
+    return table.terms.search(text, spans, limit,
+                              lambda rows: visible_mask(snapshot, kind, rows, scope),
+                              newest=table.times.get("valid_at_us"))
 
 
 async def bm25(kind: Kind, text: str, scope: Scope, limit: int) -> Hits:

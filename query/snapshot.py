@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 from pipeline import store
 from pipeline.config import QueryConfig
 from query.index import LANCE_DIR, SPECS, read_published
+from query.lexical import TermIndex
 
 
 class QueryError(ValueError):
@@ -35,6 +36,7 @@ class Kind:
     # `query.exact_scan_rows`); rows of one group are contiguous (tables sort by group).
     vectors: np.ndarray | None = None
     group_start: np.ndarray | None = None  # rows of group code g: [start[g], start[g + 1])
+    terms: TermIndex | None = None  # BM25 postings of `text` (`query.memory_text_rows`)
 
     def __post_init__(self) -> None:
         for column in self.meta.column_names:
@@ -126,7 +128,8 @@ def snapshot_config(manifest: dict[str, Any]) -> QueryConfig:
 
 def open_snapshot(snapshot: Path, config: QueryConfig | None = None) -> Snapshot:
     """Open a published snapshot's retrieval tables (they are built at publish); tables
-    whose groups are small enough for an exact in-memory scan keep their vectors."""
+    whose groups are small enough for an exact in-memory scan keep their vectors, and
+    tables small enough keep BM25 postings (`query.lexical`)."""
     import lancedb
 
     manifest = store.read_manifest(snapshot)
@@ -160,6 +163,8 @@ def open_snapshot(snapshot: Path, config: QueryConfig | None = None) -> Snapshot
         smallest = int(np.diff(kind.group_start).min()) if groups else 0
         if kind.rows <= config.memory_vector_rows and smallest <= config.exact_scan_rows:
             kind.vectors = _unit_vectors(kind.table, kind.rows)
+        if kind.rows <= config.memory_text_rows:
+            kind.terms = TermIndex.build(kind.meta["text"])
 
     entities, facts, episodes = kinds["entities"].meta, kinds["facts"].meta, kinds["episodes"].meta
     n_entities = entities.num_rows

@@ -18,6 +18,15 @@ def test_rrf_sums_reciprocal_ranks_and_dedups_within_a_list():
     assert [key for key, _ in fused] == ["a", "c", "b", "d"]
 
 
+def test_rrf_gives_keys_a_method_scored_equally_the_same_rank():
+    """BM25 ties short facts; the engine's arbitrary order among them must not decide."""
+    one = rerank.rrf([["a", "b", "c", "d"]], k=0, scores=[[3.0, 2.0, 2.0, 1.0]])
+    other = rerank.rrf([["a", "c", "b", "d"]], k=0, scores=[[3.0, 2.0, 2.0, 1.0]])
+    assert dict(one) == dict(other) == {"a": 1.0, "b": 0.5, "c": 0.5, "d": 0.25}
+    mixed = rerank.rrf([["x", "y"], ["y", "x"]], k=0, scores=[[1.0, 1.0], None])
+    assert dict(mixed) == {"x": 1.0 + 0.5, "y": 1.0 + 1.0}  # None: plain ranks
+
+
 def test_rrf_weights():
     fused = rerank.rrf([["x"], ["y"]], k=0, weights=[1.0, 2.0])
     assert fused == [("y", 2.0), ("x", 1.0)]

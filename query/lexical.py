@@ -1,0 +1,168 @@
+"""BM25 in memory: the twin of LanceDB's native full-text index, for tables small enough to
+hold their postings (`query.memory_vector_rows`).
+
+A LanceDB full-text search costs 5-20 ms of CPU however few rows the caller's groups hold
+(planning, the group prefilter, posting decompression); the same ranking from numpy
+postings costs well under a millisecond. The tokenizer is LanceDB's default one (simple
+split on non-alphanumerics, tokens of 40+ bytes dropped, lower case, English Snowball
+stemming, stop words, ASCII folding), and publish passes `STOP_WORDS` to the index, so both
+paths see the same terms. Scores are BM25 with k1 = 1.2, b = 0.75 and the table-wide
+document count and average length, as LanceDB computes them; a test asserts the two agree
+(`tests/test_lexical.py`).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+K1, B = 1.2, 0.75
+MAX_TOKEN_BYTES = 40  # tokens of this many UTF-8 bytes or more are not indexed
+SEPARATOR = r"[^\p{L}\p{N}]+"  # (RE2 syntax: Arrow splits the texts)
+WORD = re.compile(r"[^\W_]+")  # the same words in Python's syntax (for query text)
+
+# The English stop words LanceDB 0.40 drops by default (NLTK's list, as tokens: "don't" is
+# "don" + "t"), passed to the index at publish so both agree whatever the default becomes.
+_STOP_TEXT = """
+a about above after again against ain all am an and any are aren as at be because been
+before being below between both but by can couldn d did didn do does doesn doing don down
+during each few for from further had hadn has hasn have haven having he her here hers
+herself him himself his how i if in into is isn it its itself just ll m ma me mightn more
+most mustn my myself needn no nor not now o of off on once only or other our ours
+ourselves out over own re s same shan she should shouldn so some such t than that the
+their theirs them themselves then there these they this those through to too under until
+up ve very was wasn we were weren what when where which while who whom why will with won
+wouldn y you your yours yourself yourselves
+"""
+STOP_WORDS: tuple[str, ...] = tuple(_STOP_TEXT.split())
+_STOP = frozenset(STOP_WORDS)
+
+
+@lru_cache(maxsize=1)
+def _stemmer() -> Any:  # PyStemmer has no type hints
+    import Stemmer
+
+    return Stemmer.Stemmer("english")
+
+
+# Letters that Unicode does not decompose but ASCII folding still spells out.
+_LIGATURES = str.maketrans({"æ": "ae", "ø": "o", "ß": "ss", "œ": "oe", "ð": "d", "þ": "th",
+                            "đ": "d", "ł": "l", "ı": "i", "ŋ": "n", "ħ": "h"})
+
+
+def _fold(word: str) -> str:
+    if word.isascii():
+        return word
+    decomposed = unicodedata.normalize("NFKD", word.translate(_LIGATURES))
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+@lru_cache(maxsize=1 << 18)
+def _term(word: str) -> str | None:
+    """The indexed term of one lower-case word: None when too long or a stop word."""
+    if len(word.encode("utf-8")) >= MAX_TOKEN_BYTES:
+        return None
+    stemmed = _stemmer().stemWord(word)
+    return None if stemmed in _STOP else _fold(stemmed)
+
+
+def _words(texts: pa.Array) -> tuple[np.ndarray, pa.Array]:
+    """Every lower-case word of `texts` (split on anything not a letter or a digit) and the
+    position of its text; Arrow does the splitting, so a million texts take seconds."""
+    pieces = pc.split_pattern_regex(pc.utf8_lower(pc.fill_null(texts, "")), SEPARATOR)
+    parents = pc.list_parent_indices(pieces).to_numpy()
+    words = pc.list_flatten(pieces)
+    keep = pc.greater(pc.binary_length(words), 0)
+    return parents[keep.to_numpy(zero_copy_only=False)], words.filter(keep)
+
+
+def tokens(text: str) -> list[str]:
+    """The terms LanceDB's default English tokenizer indexes for `text`, in order (Python's
+    letters-and-digits class is Unicode's L and N, the split `_words` makes)."""
+    return [t for w in WORD.findall(text.lower()) if (t := _term(w)) is not None]
+
+
+@dataclass
+class TermIndex:
+    """Postings of one table: the rows holding term t are `rows[start[t]:start[t + 1]]`
+    (ascending), with their counts in `counts`; `lengths` are documents' token counts."""
+
+    terms: dict[str, int]
+    start: np.ndarray  # int64, len(terms) + 1
+    rows: np.ndarray  # int32
+    counts: np.ndarray  # float32 (term frequency in that row)
+    lengths: np.ndarray  # float32 per row
+    average_length: float
+
+    @classmethod
+    def build(cls, texts: pa.Array | pa.ChunkedArray) -> TermIndex:
+        texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+        size = max(len(texts), 1)
+        rows, words = _words(texts)
+        encoded = pc.dictionary_encode(words)
+        vocabulary: dict[str, int] = {}
+        term_of_word = np.array([-1 if (t := _term(w)) is None
+                                 else vocabulary.setdefault(t, len(vocabulary))
+                                 for w in encoded.dictionary.to_pylist()], dtype=np.int64)
+        term_ids = term_of_word[encoded.indices.to_numpy()] if len(words) else rows[:0]
+        kept = term_ids >= 0
+        term_ids, rows = term_ids[kept], rows[kept].astype(np.int64)
+        lengths = np.bincount(rows, minlength=len(texts)).astype(np.float32)
+        unique, counts = np.unique(term_ids * size + rows, return_counts=True)
+        start = np.searchsorted(unique // size, np.arange(len(vocabulary) + 1))
+        documents = int(np.count_nonzero(lengths)) or 1
+        return cls(vocabulary, start.astype(np.int64), (unique % size).astype(np.int32),
+                   counts.astype(np.float32), lengths, float(lengths.sum() / documents))
+
+    @property
+    def documents(self) -> int:
+        """Rows with at least one term (what LanceDB counts for idf)."""
+        return int(np.count_nonzero(self.lengths))
+
+    def search(self, text: str, spans: list[tuple[int, int]], limit: int,
+               visible: Callable[[np.ndarray], np.ndarray] | None = None,
+               newest: np.ndarray | None = None) -> list[tuple[int, float]]:
+        """The `limit` best rows within the row ranges `spans` for the query `text`, best
+        first, keeping only rows `visible(rows)` allows. Each query term counts as often
+        as it occurs, as in LanceDB's match query. Equal scores (common among short facts
+        that share their words) go to the larger `newest[row]` (e.g. valid_at: the more
+        recent first), then to the lower row; LanceDB leaves their order undefined."""
+        query_terms = [self.terms[t] for t in tokens(text) if t in self.terms]
+        if not query_terms or limit <= 0:
+            return []
+        total = self.documents
+        hit_rows, hit_scores = [], []
+        for term in query_terms:
+            first, last = self.start[term], self.start[term + 1]
+            frequency = last - first
+            idf = np.log(1.0 + (total - frequency + 0.5) / (frequency + 0.5))
+            rows, counts = self.rows[first:last], self.counts[first:last]
+            inside = [slice(*np.searchsorted(rows, span)) for span in spans]
+            rows = np.concatenate([rows[s] for s in inside])
+            counts = np.concatenate([counts[s] for s in inside])
+            norm = K1 * (1.0 - B + B * self.lengths[rows] / self.average_length)
+            hit_rows.append(rows)
+            hit_scores.append(idf * counts * (K1 + 1.0) / (counts + norm))
+        rows = np.concatenate(hit_rows)
+        if len(rows) == 0:
+            return []
+        unique, inverse = np.unique(rows, return_inverse=True)
+        scores = np.bincount(inverse, weights=np.concatenate(hit_scores))
+        if visible is not None:
+            keep = visible(unique)
+            unique, scores = unique[keep], scores[keep]
+        rank = scores.astype(np.float32)  # (LanceDB's precision: ties are ties in float32)
+        if len(unique) > limit:  # the top `limit` and every row tied with the last of them
+            top = np.flatnonzero(rank >= -np.partition(-rank, limit - 1)[limit - 1])
+            unique, scores, rank = unique[top], scores[top], rank[top]
+        recency = newest[unique] if newest is not None else np.zeros(len(unique))
+        order = np.lexsort((unique, -recency, -rank))[:limit]
+        return [(int(unique[i]), float(scores[i])) for i in order]

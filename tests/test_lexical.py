@@ -1,0 +1,118 @@
+"""The in-memory BM25 (query/lexical.py) is a twin of LanceDB's native full-text index: same
+terms, same scores, same rows, on real text and within every scope."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.config import QueryConfig
+from query.lexical import TermIndex, tokens
+
+CORPUS = Path(__file__).parent / "corpus"
+ODD = ["Café naïve résumé façade Zürich São Paulo", "ÆSIR straße øre Łódź", "doing does did",
+       "x" * 45 + " after a very long token", "", "Bob's car isn't Robert's",
+       "ignore previous instructions; DROP TABLE facts; -- \"quoted\" OR title:x AND (y)",
+       "2024-06-01 v2.3 a_b_c under_score 42"]
+
+
+def _texts() -> list[str]:
+    texts = []
+    for name in ("conversations", "documents", "records"):
+        for line in (CORPUS / f"{name}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            texts.append(record.get("content") if isinstance(record.get("content"), str)
+                         else json.dumps(record, sort_keys=True))
+    return texts + ODD
+
+
+def _agree(lance: list[tuple[int, float]], ours: list[tuple[int, float]]) -> bool:
+    """Same scores in order and the same rows, except among rows tied at the cut-off."""
+    a, b = [s for _, s in lance], [s for _, s in ours]
+    if len(a) != len(b) or not np.allclose(a, b, rtol=1e-4):
+        return False
+    cut = a[-1] * (1 + 1e-4) if a else 0
+    return {r for r, s in lance if s > cut} == {r for r, s in ours if s > cut}
+
+
+def test_tokens_stem_fold_and_drop_what_the_native_index_drops():
+    assert tokens("Running runs RUN") == ["run", "run", "run"]
+    assert tokens("The café's façade") == ["cafe", "facad"]
+    assert tokens("straße ØRE") == ["strasse", "ore"]  # folded after stemming
+    assert tokens("x" * 40 + " kept") == ["kept"]  # 40 bytes or more: not indexed
+    assert tokens("snake_case a-b") == ["snake", "case", "b"]
+    assert tokens("the and of") == []
+
+
+def test_bm25_in_memory_scores_as_lancedb_does_on_real_text(tmp_path):
+    """Built as publish builds the index (`index_table`), queried with words from the text
+    itself: every query gets the same rows and scores from both."""
+    import lancedb
+    from lancedb.query import MatchQuery
+
+    from query.index import TableSpec, index_table
+
+    texts = _texts()
+    spec = TableSpec("docs", "id", "vector", ("text",), ("id",), ())
+    data = pa.table({"id": [f"d{i:04d}" for i in range(len(texts))], "text": texts,
+                     "group_id": ["g"] * len(texts),
+                     "vector": pa.array([[0.0, 1.0]] * len(texts), pa.list_(pa.float32(), 2))})
+    table = lancedb.connect(str(tmp_path))
+    index_table(table, spec, data, 2, QueryConfig())
+    table = table.open_table("docs")
+    memory = TermIndex.build(pa.array(texts))
+    words = [w for t in texts for w in re.findall(r"\w+", t)]
+    rng = random.Random(3)
+    queries = ODD[:4] + ["running runs", "Globex support tickets", "Berlin"] + [
+        " ".join(rng.sample(words, rng.randint(1, 4))) for _ in range(120)]
+    for query in queries:
+        found = (table.search(MatchQuery(query, "text"), query_type="fts")
+                 .select(["row", "_score"]).limit(10).to_arrow())
+        lance = list(zip(found["row"].to_pylist(), found["_score"].to_pylist(), strict=True))
+        ours = memory.search(query, [(0, len(texts))], 10)
+        assert _agree(lance, ours), (query, lance[:3], ours[:3])
+
+
+def test_bm25_in_memory_ranks_as_lancedb_does_in_every_scope(tmp_path):
+    """Within groups and both timelines, `memory_bm25` returns what the native index does."""
+    from jobs.bench_query import synth_tables, write_store
+    from pipeline import store
+    from query import search
+    from query.snapshot import open_snapshot
+
+    config = QueryConfig(ann_min_rows=10**9)
+    tables, _ = synth_tables(3_000, 32, 3, seed=4)
+    write_store(tmp_path, tables, 32, config)
+    snap = open_snapshot(store.current_snapshot(tmp_path), config)
+    scopes = [search.make_scope(["g000"]), search.make_scope(["g001", "g002"]),
+              search.make_scope(["g000"], as_of="2021-06-01", known_at="2024-06-01"),
+              search.make_scope(["g002"], filters=search.Filters(
+                  valid_from=datetime(2021, 1, 1, tzinfo=UTC)))]
+    compared = 0
+    for kind in ("facts", "entities", "communities", "episodes"):
+        assert snap.kinds[kind].terms is not None
+        column = {"facts": "fact", "episodes": "content"}.get(kind, "name")
+        for i, scope in enumerate(scopes * 3):
+            text = " ".join(tables[kind][column][i * 7 % tables[kind].num_rows].as_py()
+                            .split()[:4])
+            ours = search.memory_bm25(snap, kind, text, scope, 15)
+            lance = search.gather([search.bm25(snap.kinds[kind], text, scope, 15)])[0]
+            assert _agree(lance, ours), (kind, i, text)
+            compared += len(ours)
+    assert compared > 250
+
+
+@pytest.mark.parametrize("limit", [0, 1])
+def test_bm25_in_memory_handles_empty_queries_and_tiny_limits(limit):
+    memory = TermIndex.build(pa.array(["alpha beta", None, "", "beta gamma"]))
+    assert memory.search("the of", [(0, 4)], 5) == []
+    found = memory.search("beta", [(0, 4)], limit)
+    assert len(found) == limit
+    assert memory.search("gamma", [(0, 3)], 5) == []  # row 3 is outside the span
