@@ -101,6 +101,7 @@ class TermIndex:
     counts: np.ndarray  # float32 (term frequency in that row)
     lengths: np.ndarray  # float32 per row
     average_length: float
+    documents: int  # rows with at least one term (what LanceDB counts for idf)
 
     @classmethod
     def build(cls, texts: pa.Array | pa.ChunkedArray) -> TermIndex:
@@ -118,14 +119,10 @@ class TermIndex:
         lengths = np.bincount(rows, minlength=len(texts)).astype(np.float32)
         unique, counts = np.unique(term_ids * size + rows, return_counts=True)
         start = np.searchsorted(unique // size, np.arange(len(vocabulary) + 1))
-        documents = int(np.count_nonzero(lengths)) or 1
+        documents = int(np.count_nonzero(lengths))
         return cls(vocabulary, start.astype(np.int64), (unique % size).astype(np.int32),
-                   counts.astype(np.float32), lengths, float(lengths.sum() / documents))
-
-    @property
-    def documents(self) -> int:
-        """Rows with at least one term (what LanceDB counts for idf)."""
-        return int(np.count_nonzero(self.lengths))
+                   counts.astype(np.float32), lengths, float(lengths.sum() / max(documents, 1)),
+                   documents)
 
     def search(self, text: str, spans: list[tuple[int, int]], limit: int,
                visible: Callable[[np.ndarray], np.ndarray] | None = None,
@@ -138,24 +135,30 @@ class TermIndex:
         query_terms = [self.terms[t] for t in tokens(text) if t in self.terms]
         if not query_terms or limit <= 0:
             return []
-        total = self.documents
-        hit_rows, hit_scores = [], []
+        # Scores accumulate in one dense array over the spans' rows (a bincount: no sort).
+        sizes = np.array([end - start for start, end in spans], dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        slots, gains = [], []
         for term in query_terms:
             first, last = self.start[term], self.start[term + 1]
             frequency = last - first
-            idf = np.log(1.0 + (total - frequency + 0.5) / (frequency + 0.5))
+            idf = np.log(1.0 + (self.documents - frequency + 0.5) / (frequency + 0.5))
             rows, counts = self.rows[first:last], self.counts[first:last]
-            inside = [slice(*np.searchsorted(rows, span)) for span in spans]
-            rows = np.concatenate([rows[s] for s in inside])
-            counts = np.concatenate([counts[s] for s in inside])
-            norm = K1 * (1.0 - B + B * self.lengths[rows] / self.average_length)
-            hit_rows.append(rows)
-            hit_scores.append(idf * counts * (K1 + 1.0) / (counts + norm))
-        rows = np.concatenate(hit_rows)
-        if len(rows) == 0:
+            for (start, end), offset in zip(spans, offsets, strict=True):
+                low, high = np.searchsorted(rows, (start, end))
+                if high > low:
+                    inside, tf = rows[low:high], counts[low:high]
+                    norm = K1 * (1.0 - B + B * self.lengths[inside] / self.average_length)
+                    slots.append(inside - (start - offset))
+                    gains.append(idf * tf * (K1 + 1.0) / (tf + norm))
+        if not slots:
             return []
-        unique, inverse = np.unique(rows, return_inverse=True)
-        scores = np.bincount(inverse, weights=np.concatenate(hit_scores))
+        total = np.bincount(np.concatenate(slots), weights=np.concatenate(gains),
+                            minlength=int(sizes.sum()))
+        found = np.flatnonzero(total)
+        scores = total[found]
+        span_of = np.searchsorted(offsets, found, side="right") - 1
+        unique = found + (np.array([s for s, _ in spans], dtype=np.int64) - offsets)[span_of]
         if visible is not None:
             keep = visible(unique)
             unique, scores = unique[keep], scores[keep]
