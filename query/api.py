@@ -41,7 +41,6 @@ from query.search import (
     neighbours,
     order_reached,
     start,
-    terms,
     vectors_of,
     with_labels,
 )
@@ -235,6 +234,7 @@ class _Run:
         self.origins = [self._entity_row(o, "origin") for o in origins or ()]
         self.conversation_id = conversation_id
         self._vector: np.ndarray | None = None
+        self._groups: set[int] | None = None  # codes of the scope's groups
 
     def _entity_row(self, entity_id: str, what: str) -> int:
         row = self.snap.entity_rows.get(str(entity_id), -1)
@@ -296,13 +296,13 @@ class _Run:
             expansion = bfs(self.snap, self._seeds(lists, scores), self.scope,
                             self.recipe.bfs_hops,
                             self.recipe.bfs_max_edges)
-            words = terms(self.text)
+            labelled = with_labels(self.snap, list(expansion.entities),
+                                   self.scope.filters.labels)
             reached = {
-                "facts": order_reached(expansion.facts, self.snap.kinds["facts"].meta["fact"],
-                                       words),
-                "entities": with_labels(self.snap, order_reached(
-                    expansion.entities, self.snap.kinds["entities"].meta["name"], words),
-                    self.scope.filters.labels)}
+                "facts": order_reached(expansion.facts, self.snap.kinds["facts"], self.text,
+                                       self.pool),
+                "entities": order_reached({e: expansion.entities[e] for e in labelled},
+                                          self.snap.kinds["entities"], self.text, self.pool)}
             for kind, part in parts.items():
                 if "bfs" in part.methods:
                     lists[kind].append(reached.get(kind, []))
@@ -379,59 +379,58 @@ class _Run:
     def _hydrate(self, ranked: dict[str, Hits]) -> SearchResult:
         snap = self.snap
         result = SearchResult(run_id=snap.run_id)
-        entities = snap.kinds["entities"].meta
-        facts = snap.kinds["facts"].meta
+        names = snap.kinds["entities"].meta["name"]
+        facts = ranked.get("facts", [])
         fact_sources: list[int] = []
-        for row, score in ranked.get("facts", []):
+        for (row, score), fact in zip(facts, _rows(snap, "facts", facts, (
+                "edge_id", "fact", "relation", "valid_at", "invalid_at", "episode_ids")),
+                                      strict=True):
             src, tgt = int(snap.fact_src[row]), int(snap.fact_tgt[row])
-            cited = self._episode_rows(facts["episode_ids"][row].as_py() or [])
+            cited = self._episode_rows(fact["episode_ids"] or [])
             fact_sources += cited
             result.facts.append(FactHit(
-                edge_id=facts["edge_id"][row].as_py(), fact=facts["fact"][row].as_py(),
-                relation=facts["relation"][row].as_py(),
-                source=entities["name"][src].as_py() if src >= 0 else None,
-                target=entities["name"][tgt].as_py() if tgt >= 0 else None,
-                valid_at=_iso(facts["valid_at"][row].as_py()),
-                invalid_at=_iso(facts["invalid_at"][row].as_py()), score=round(score, 6),
-                episodes=[self._episode_source(e) for e in cited]))
+                edge_id=fact["edge_id"], fact=fact["fact"], relation=fact["relation"],
+                source=names[src].as_py() if src >= 0 else None,
+                target=names[tgt].as_py() if tgt >= 0 else None,
+                valid_at=_iso(fact["valid_at"]), invalid_at=_iso(fact["invalid_at"]),
+                score=round(score, 6), episodes=[self._episode_source(e) for e in cited]))
+        entities = ranked.get("entities", [])
         entity_sources: list[int] = []
-        for row, score in ranked.get("entities", []):
+        for (row, score), entity in zip(entities, _rows(
+                snap, "entities", entities, ("entity_id", "name", "summary")), strict=True):
             entity_sources += self._entity_episodes(row)
-            result.entities.append(EntityHit(
-                entity_id=entities["entity_id"][row].as_py(), name=entities["name"][row].as_py(),
-                summary=entities["summary"][row].as_py(), score=round(score, 6)))
-        communities = snap.kinds["communities"].meta
-        for row, score in ranked.get("communities", []):
-            result.communities.append(CommunityHit(
-                community_id=communities["community_id"][row].as_py(),
-                name=communities["name"][row].as_py(),
-                summary=communities["summary"][row].as_py(), score=round(score, 6)))
+            result.entities.append(EntityHit(**entity, score=round(score, 6)))
+        communities = ranked.get("communities", [])
+        for (_, score), community in zip(communities, _rows(
+                snap, "communities", communities, ("community_id", "name", "summary")),
+                                         strict=True):
+            result.communities.append(CommunityHit(**community, score=round(score, 6)))
         hits = ranked.get("episodes", [])
         if self.recipe.provenance:
             hits = rerank.rrf([[r for r, _ in hits], fact_sources, entity_sources],
                               self.recipe.rrf_k, self.recipe.provenance_weights)[:self.limit]
-        episodes = snap.kinds["episodes"].meta
-        for row, score in hits:
+        for (_, score), episode in zip(hits, _rows(
+                snap, "episodes", hits, ("episode_id", "source_id", "content", "valid_at")),
+                                       strict=True):
             result.episodes.append(EpisodeHit(
-                episode_id=episodes["episode_id"][row].as_py(),
-                source_id=episodes["source_id"][row].as_py(),
-                content=episodes["content"][row].as_py() or "",
-                valid_at=_iso(episodes["valid_at"][row].as_py()), score=round(score, 6)))
+                episode_id=episode["episode_id"], source_id=episode["source_id"],
+                content=episode["content"] or "", valid_at=_iso(episode["valid_at"]),
+                score=round(score, 6)))
         return result
 
     def _visible_episode(self, row: int) -> bool:
         snap = self.snap
-        codes = [snap.groups[g] for g in self.scope.groups if g in snap.groups]
-        times = snap.kinds["episodes"].meta
-        return (int(snap.group_codes["episodes"][row]) in codes
-                and times["created_at_us"][row].as_py() <= self.scope.known_at)
+        if self._groups is None:
+            self._groups = {snap.groups[g] for g in self.scope.groups if g in snap.groups}
+        return (int(snap.group_codes["episodes"][row]) in self._groups
+                and snap.kinds["episodes"].times["created_at_us"][row] <= self.scope.known_at)
 
     def _episode_rows(self, episode_ids: list[str]) -> list[int]:
         """Provenance episodes the scope may see, in time order."""
         rows = [self.snap.episode_rows.get(e, -1) for e in episode_ids]
         rows = [r for r in rows if r >= 0 and self._visible_episode(r)]
-        valid = self.snap.kinds["episodes"].meta["valid_at_us"]
-        return sorted(set(rows), key=lambda r: (valid[r].as_py(), r))
+        valid = self.snap.kinds["episodes"].times["valid_at_us"]
+        return sorted(set(rows), key=lambda r: (int(valid[r]), r))
 
     def _entity_episodes(self, row: int) -> list[int]:
         found = []
@@ -456,6 +455,17 @@ def passage(meta: Any, kind: str, row: int, snap: Snapshot) -> str:
     if kind in ("entities", "communities"):
         return f"{meta['name'][row].as_py()}: {meta['summary'][row].as_py() or ''}"
     return meta["content"][row].as_py() or ""
+
+
+def _rows(snap: Snapshot, kind: str, hits: Hits, columns: tuple[str, ...]
+          ) -> list[dict[str, Any]]:
+    """Some columns of the hit rows, as Python values (one `take`, not a lookup a cell)."""
+    if not hits:
+        return []
+    import pyarrow as pa
+
+    meta = snap.kinds[kind].meta.select(list(columns))
+    return meta.take(pa.array([row for row, _ in hits], pa.int64())).to_pylist()
 
 
 def _iso(moment: datetime | None) -> str | None:

@@ -124,6 +124,17 @@ class TermIndex:
                    counts.astype(np.float32), lengths, float(lengths.sum() / max(documents, 1)),
                    documents)
 
+    def overlap(self, rows: np.ndarray, text: str) -> np.ndarray:
+        """How many of the query's distinct terms each of `rows` contains."""
+        found = np.zeros(len(rows), dtype=np.int64)
+        for term in dict.fromkeys(tokens(text)):
+            if term in self.terms and len(rows):
+                t = self.terms[term]
+                postings = self.rows[self.start[t]:self.start[t + 1]]
+                at = np.minimum(np.searchsorted(postings, rows), len(postings) - 1)
+                found += postings[at] == rows
+        return found
+
     def search(self, text: str, spans: list[tuple[int, int]], limit: int,
                visible: Callable[[np.ndarray], np.ndarray] | None = None,
                newest: np.ndarray | None = None) -> list[tuple[int, float]]:

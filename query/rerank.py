@@ -30,11 +30,12 @@ def rrf(lists: Sequence[Sequence[K]], k: int = 60, weights: Sequence[float] | No
     for ranked, weight, values in zip(lists, weights, given, strict=True):
         seen: set[K] = set()
         rank, previous = 0, None
+        rounded = None if values is None else np.asarray(values, dtype=np.float32).tolist()
         for position, key in enumerate(ranked):
             if key in seen:
                 continue
             seen.add(key)
-            value = None if values is None else float(np.float32(values[position]))
+            value = None if rounded is None else rounded[position]
             if value is None or value != previous:
                 rank = len(seen)
             previous = value

@@ -356,19 +356,28 @@ def terms(text: str) -> frozenset[str]:
     return frozenset(w for w in WORD.findall(text[:MAX_QUERY_CHARS].lower()) if len(w) > 2)
 
 
-def order_reached(reached: dict[int, int], texts: Any, query_terms: frozenset[str]) -> list[int]:
-    """Rows reached by BFS, nearest hop first and, within a hop, those sharing more words
-    with the query first (BFS order breaks ties), so RRF sees a meaningful ranking."""
-    rows = list(reached)
-    if not rows:
-        return rows
-    import pyarrow as pa
+def order_reached(reached: dict[int, int], kind: Kind, text: str, limit: int) -> list[int]:
+    """The first `limit` rows reached by BFS: nearest hop first and, within a hop, those
+    sharing more terms with the query first (BFS order breaks ties), so RRF sees a
+    meaningful ranking. Only the hops that fill `limit` are scored."""
+    if not reached or limit <= 0:
+        return []
+    rows = np.fromiter(reached.keys(), dtype=np.int64, count=len(reached))
+    hops = np.fromiter(reached.values(), dtype=np.int64, count=len(reached))
+    if len(rows) > limit:
+        keep = hops <= np.partition(hops, limit - 1)[limit - 1]
+        rows, hops = rows[keep], hops[keep]
+    if kind.terms is not None:
+        overlap = kind.terms.overlap(rows, text)
+    else:  # no postings in memory: lower-case words of 3+ letters, from the texts
+        import pyarrow as pa
 
-    values = texts.take(pa.array(rows, pa.int64())).to_pylist()
-    find = WORD.findall  # query terms are already lower-case words of 3+ letters
-    overlap = [len(query_terms.intersection(find(v.lower()))) if v else 0 for v in values]
-    order = sorted(range(len(rows)), key=lambda i: (reached[rows[i]], -overlap[i], i))
-    return [rows[i] for i in order]
+        query_terms = terms(text)
+        values = kind.meta["text"].take(pa.array(rows)).to_pylist()
+        overlap = np.array([len(query_terms.intersection(WORD.findall(v.lower()))) if v
+                            else 0 for v in values], dtype=np.int64)
+    order = np.lexsort((np.arange(len(rows)), -overlap, hops))[:limit]
+    return rows[order].tolist()
 
 
 def neighbours(snapshot: Snapshot, scope: Scope):

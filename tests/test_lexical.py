@@ -116,3 +116,9 @@ def test_bm25_in_memory_handles_empty_queries_and_tiny_limits(limit):
     found = memory.search("beta", [(0, 4)], limit)
     assert len(found) == limit
     assert memory.search("gamma", [(0, 3)], 5) == []  # row 3 is outside the span
+
+
+def test_overlap_counts_the_query_terms_each_row_contains():
+    memory = TermIndex.build(pa.array(["Alice works at Acme", "Bob runs", None, "acme acme"]))
+    assert memory.overlap(np.array([0, 1, 2, 3]), "Acme working Bob the").tolist() == [
+        2, 1, 0, 1]  # distinct terms: "acme" twice in row 3 counts once
