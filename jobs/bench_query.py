@@ -52,6 +52,13 @@ class SyntheticEmbedder:
         return out
 
 
+def stored_embedder(store_dir: str | Path) -> SyntheticEmbedder:
+    """The query embedder of a bench store (from the seed and dim in its manifest), for a
+    server started by name: `tkg bench serve` passes `jobs.bench_query:stored_embedder`."""
+    embedding = store.read_manifest(store.current_snapshot(Path(store_dir)))["embedding"]
+    return SyntheticEmbedder(_centroids(int(embedding["dim"]), int(embedding.get("seed", 0))))
+
+
 def _centroids(dim: int, seed: int, rng: np.random.Generator | None = None) -> np.ndarray:
     """Topic centroids: the first draw of the store's generator, so a kept store's query
     embedder can be rebuilt from its seed."""
@@ -155,7 +162,7 @@ def synth_tables(facts: int, dim: int, groups: int, seed: int) -> tuple[dict[str
 
 
 def write_store(root: Path, tables: dict[str, pa.Table], dim: int,
-                config: QueryConfig) -> dict[str, Any]:
+                config: QueryConfig, seed: int = 0) -> dict[str, Any]:
     """A published snapshot of the synthetic tables: mentions as Parquet (the graph reads
     them), the retrieval indexes, a manifest, CURRENT."""
     from query.index import build_indexes
@@ -166,7 +173,7 @@ def write_store(root: Path, tables: dict[str, pa.Table], dim: int,
     pq.write_table(tables["mentions"], snapshot / "mentions" / "part-0.parquet")
     figures = build_indexes(snapshot, dim, config, tables=tables)
     store.write_manifest(snapshot, {"run_id": run_id, "embedding": {"model": "synthetic",
-                                                                     "dim": dim},
+                                                                     "dim": dim, "seed": seed},
                                     "config": {"query": config.model_dump()},
                                     "retrieval": figures})
     store.switch_current(root, run_id)
@@ -223,7 +230,7 @@ def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 
         started = time.perf_counter()
         tables, centroids = synth_tables(facts, dim, groups, seed)
         generated = time.perf_counter() - started
-        index = write_store(root, tables, dim, config)
+        index = write_store(root, tables, dim, config, seed)
         del tables
     centroids = _centroids(dim, seed)
     started = time.perf_counter()

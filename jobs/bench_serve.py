@@ -2,8 +2,9 @@
 
 A synthetic store of N facts (the generator of `tkg bench query`: entities, episodes and
 communities in proportion, synthetic vectors, a seeded synthetic query embedder so the model
-is not what is timed) is served on loopback by this process; a second process sends
-`POST /search` requests of the default recipe from `concurrency` connections for `seconds`.
+is not what is timed) is served on loopback by `serve` in a child process (with `processes`
+server processes, by default one per CPU); another process sends `POST /search` requests of
+the default recipe from `concurrency` connections for `seconds`.
 Halfway through, a new snapshot is published (a hard-linked copy of the first under a new
 run id, then CURRENT is switched): the server opens it in the background and switches, and
 the figures show whether any request failed or slowed. Prints throughput, p50/p95/p99 and
@@ -20,7 +21,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -108,22 +108,30 @@ def _window(timeline: list[list], start: float, end: float) -> dict[str, Any]:
             "p99_ms": round(float(np.percentile(ms, 99)), 2)}
 
 
+def _serving(url: str) -> str | None:
+    """The snapshot a server answers from (None while it is not up)."""
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2.0).json()["snapshot"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
 def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: int = 384,
                 groups: int = 10, workdir: str | None = None, publish: bool = True,
-                queries: int = 2_000, seed: int = 0) -> dict[str, Any]:
-    import uvicorn
-
-    from jobs.bench_query import SyntheticEmbedder, _workload, synth_tables, write_store
-    from pipeline.config import QueryConfig
-    from query.serve import create_app
+                queries: int = 2_000, seed: int = 0, processes: int | None = None
+                ) -> dict[str, Any]:
+    from jobs.bench_query import _workload, synth_tables, write_store
+    from pipeline.config import QueryConfig, ServeConfig
 
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tkg-bench-serve-"))
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
     started = time.perf_counter()
-    tables, centroids = synth_tables(facts, dim, groups, seed)
-    index = write_store(root, tables, dim, QueryConfig())
+    tables, _ = synth_tables(facts, dim, groups, seed)
+    index = write_store(root, tables, dim, QueryConfig(), seed)
     work = [{"query": q["text"], "group_ids": q["group_ids"],
              **({"as_of": q["as_of"]} if q.get("as_of") else {})}
             for q in _workload(tables, queries, seed)]
@@ -132,19 +140,38 @@ def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: i
     workload = root / "workload.json"
     workload.write_text(json.dumps(work))
 
-    app = create_app(root, embedder=SyntheticEmbedder(centroids))
+    processes = processes or os.cpu_count() or 1
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(600):
-        if server.started:
-            break
-        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
+    limits = ServeConfig(processes=processes).model_dump()
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import json, sys; from query.serve import serve; "
+         "from pipeline.config import ServeConfig; "
+         "serve(sys.argv[1], port=int(sys.argv[2]), "
+         "limits=ServeConfig.model_validate(json.loads(sys.argv[3])), "
+         "embedder='jobs.bench_query:stored_embedder')", str(root), str(port),
+         json.dumps(limits)], stdout=subprocess.DEVNULL)
+    try:
+        return _run(root, url, server, workload, seconds, concurrency, publish, {
+            "facts": facts, "dim": dim, "groups": groups, "concurrency": concurrency,
+            "processes": processes, "prepare_s": round(prepared, 1),
+            "index_build_s": index.get("seconds")}, keep=bool(workdir))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _run(root: Path, url: str, server: subprocess.Popen, workload: Path, seconds: float,
+         concurrency: int, publish: bool, figures: dict[str, Any], keep: bool
+         ) -> dict[str, Any]:
+    deadline = time.perf_counter() + 300
+    while _serving(url) != "bench-1":  # every process opens the snapshot before listening
+        if server.poll() is not None or time.perf_counter() > deadline:
+            raise RuntimeError(f"the server did not start (exit code {server.poll()})")
+        time.sleep(0.2)
     load = subprocess.Popen(
-        [sys.executable, "-m", "jobs.bench_serve", f"http://127.0.0.1:{port}", str(workload),
-         str(seconds), str(concurrency)], stdout=subprocess.PIPE, text=True)
+        [sys.executable, "-m", "jobs.bench_serve", url, str(workload), str(seconds),
+         str(concurrency)], stdout=subprocess.PIPE, text=True)
     publish_at = publish_s = switched_after = None
     assert load.stdout is not None
     load.stdout.readline()  # "ready": the client is warm and its clock starts
@@ -152,18 +179,14 @@ def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: i
         time.sleep(seconds / 2)
         publish_at = time.perf_counter()
         publish_s = publish_copy(root, "bench-1", "bench-2")
-        while app.state.snapshots.current.run_id != "bench-2" and \
-                time.perf_counter() - publish_at < seconds:
-            time.sleep(0.01)
+        while _serving(url) != "bench-2" and time.perf_counter() - publish_at < seconds:
+            time.sleep(0.05)  # (one process switched; each switches on its own)
         switched_after = time.perf_counter() - publish_at
     out, _ = load.communicate()
-    server.should_exit = True
-    thread.join(timeout=10)
     result = json.loads(out)
     timeline = result.pop("timeline")
     figures = {
-        "facts": facts, "dim": dim, "groups": groups, "concurrency": concurrency,
-        "prepare_s": round(prepared, 1), "index_build_s": index.get("seconds"),
+        **figures,
         **result,
         "published_mid_run": publish,
         "publish_s": round(publish_s, 3) if publish_s is not None else None,
@@ -176,7 +199,7 @@ def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: i
         figures["first_request_on_new_snapshot_s"] = switch
         figures["around_switch_4s"] = _window(timeline, switch - 2.0, switch + 2.0)
         figures["before_switch"] = _window(timeline, 0.0, switch - 2.0)
-    if not workdir:
+    if not keep:
         shutil.rmtree(root, ignore_errors=True)
     return figures
 

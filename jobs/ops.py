@@ -12,8 +12,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from pipeline.config import load_config
     from query.serve import serve
 
-    serve(args.store, host=args.host, port=args.port, keys_file=args.keys,
-          limits=load_config(args.config).serve)
+    limits = load_config(args.config).serve
+    if args.processes is not None:
+        limits = limits.model_copy(update={"processes": args.processes})
+    serve(args.store, host=args.host, port=args.port, keys_file=args.keys, limits=limits)
     return 0
 
 
@@ -49,7 +51,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
     figures = bench_serve(args.facts, seconds=args.seconds, concurrency=args.concurrency,
                           dim=args.dim, groups=args.groups, workdir=args.workdir,
-                          publish=not args.no_publish)
+                          publish=not args.no_publish, processes=args.processes)
     if args.json:
         print(json.dumps(figures))
     else:
@@ -65,6 +67,9 @@ def add_commands(commands: Any, benches: Any) -> None:
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--keys", default=None, help="API keys file (see `tkg keys add`)")
     serve.add_argument("--config", default=None, help="YAML config (its `serve` bounds)")
+    serve.add_argument("--processes", type=int, default=None,
+                       help="server processes (default: serve.processes, 1); one per CPU "
+                            "for throughput")
     serve.set_defaults(fn=cmd_serve)
 
     keys = commands.add_parser("keys", help="API keys of tkg serve")
@@ -90,6 +95,8 @@ def add_commands(commands: Any, benches: Any) -> None:
     bench.add_argument("--dim", type=int, default=384)
     bench.add_argument("--groups", type=int, default=10)
     bench.add_argument("--workdir", default=None, help="keep the synthetic store here")
+    bench.add_argument("--processes", type=int, default=None,
+                       help="server processes (default: one per CPU)")
     bench.add_argument("--no-publish", action="store_true",
                        help="do not publish a new snapshot during the run")
     bench.add_argument("--json", action="store_true")

@@ -318,7 +318,11 @@ class ServeConfig(_Section):
     max_groups: int = Field(32, ge=1, description="group ids per request")
     max_tokens: int = Field(16_000, ge=50, description="largest context budget")
     timeout_s: float = Field(10.0, gt=0, description="a request past this gets 503")
-    workers: int = Field(4, ge=1, description="threads running retrieval")
+    workers: int = Field(4, ge=1, description="threads running retrieval, per process")
+    processes: int = Field(
+        1, ge=1, le=64, description="server processes (uvicorn workers); each opens the "
+        "snapshot, so memory grows with them. Retrieval is Python under one lock per "
+        "process: give it one per CPU for throughput")
     queue: int = Field(64, ge=1, description="requests waiting beyond the workers, then 503")
     poll_s: float = Field(0.5, gt=0, description="how often STORE/CURRENT is checked")
 

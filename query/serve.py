@@ -12,13 +12,21 @@ token budget) come from `ServeConfig`; a request past `timeout_s`, or beyond the
 503. A background thread watches `STORE/CURRENT` and opens a newly published snapshot
 before switching to it, so no request waits for the load; a request keeps the snapshot it
 started on to the end (`X-Tkg-Snapshot` names it).
+
+With `serve.processes` > 1, uvicorn runs that many processes on one port, each with its own
+snapshot and watcher (a query holds the interpreter lock, so threads alone use one core);
+Prometheus metrics are then summed across processes (prometheus_client's multiprocess mode).
 """
 
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import ipaddress
+import json
 import logging
+import os
+import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +46,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,6 +60,8 @@ from query.snapshot import QueryError, open_snapshot
 log = logging.getLogger("tkg.serve")
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+SERVE_ENV = "TKG_SERVE"  # how `serve` hands its arguments to the processes uvicorn starts
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # set: metrics are shared across processes
 
 
 # --- snapshots ------------------------------------------------------------------------------
@@ -204,8 +215,13 @@ ALIASES_SQL = """
 
 
 class Metrics:
+    """The server's Prometheus metrics; under several processes each writes its own files
+    (MULTIPROCESS_ENV) and a scrape sums them, so any process answers for all."""
+
     def __init__(self) -> None:
+        self.shared = bool(os.environ.get(MULTIPROCESS_ENV))
         self.registry = CollectorRegistry()
+        self.served: set[str] = set()
         self.requests = Counter("tkg_requests", "HTTP requests", ["endpoint", "status"],
                                 registry=self.registry)
         self.latency = Histogram(
@@ -214,11 +230,25 @@ class Metrics:
         self.errors = Counter("tkg_errors", "requests answered 5xx, or refused",
                               ["endpoint", "reason"], registry=self.registry)
         self.inflight = Gauge("tkg_inflight_requests", "requests being served",
-                              registry=self.registry)
+                              registry=self.registry, multiprocess_mode="livesum")
         self.snapshot = Gauge("tkg_snapshot_info", "the snapshot being served (value 1)",
-                              ["run_id"], registry=self.registry)
+                              ["run_id"], registry=self.registry, multiprocess_mode="livemax")
         self.switches = Gauge("tkg_snapshot_switches", "snapshots switched to without restart",
-                              registry=self.registry)
+                              registry=self.registry, multiprocess_mode="livemax")
+
+    def serving(self, run_id: str, switches: int) -> None:
+        for old in self.served - {run_id}:
+            self.snapshot.labels(old).set(0)
+        self.served.add(run_id)
+        self.snapshot.labels(run_id).set(1)
+        self.switches.set(switches)
+
+    def exposition(self) -> bytes:
+        if not self.shared:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        return generate_latest(registry)
 
 
 # --- the app --------------------------------------------------------------------------------
@@ -232,7 +262,7 @@ def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
     keys = api_keys.load(keys_file) if keys_file else None
     snapshots = Snapshots(Path(store_dir), embedder)
     metrics = Metrics()
-    metrics.snapshot.labels(snapshots.current.run_id).set(1)
+    metrics.serving(snapshots.current.run_id, 0)
     pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="tkg-query")
     admitted = asyncio.Semaphore(limits.workers + limits.queue)
     search_model, context_model = _request_models(limits)
@@ -383,11 +413,8 @@ def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus():
-        metrics.snapshot.clear()
-        metrics.snapshot.labels(snapshots.current.run_id).set(1)
-        metrics.switches.set(snapshots.switches)
-        return PlainTextResponse(generate_latest(metrics.registry).decode(),
-                                 media_type=CONTENT_TYPE_LATEST)
+        metrics.serving(snapshots.current.run_id, snapshots.switches)
+        return PlainTextResponse(metrics.exposition().decode(), media_type=CONTENT_TYPE_LATEST)
 
     return app
 
@@ -420,15 +447,40 @@ def check_bind(host: str, keys_file: str | None) -> None:
             "and pass --keys FILE, or bind to 127.0.0.1")
 
 
+def app_from_env() -> FastAPI:
+    """The app of one server process (uvicorn imports it by name in each process it
+    starts): the arguments `serve` put in SERVE_ENV. `embedder` there, if any, names a
+    function `module:name` that takes the store folder and returns the query embedder."""
+    spec = json.loads(os.environ[SERVE_ENV])
+    embedder = None
+    if spec.get("embedder"):
+        module, _, name = spec["embedder"].partition(":")
+        embedder = getattr(importlib.import_module(module), name)(spec["store"])
+    return create_app(spec["store"], spec.get("keys"),
+                      ServeConfig.model_validate(spec["limits"]), embedder)
+
+
 def serve(store_dir: str, host: str = "127.0.0.1", port: int = 8080,
-          keys_file: str | None = None, limits: ServeConfig | None = None) -> None:
+          keys_file: str | None = None, limits: ServeConfig | None = None,
+          embedder: str | None = None) -> None:
+    """Serve until interrupted, in `limits.processes` processes (see the module docstring);
+    `embedder` is for benchmarks (see `app_from_env`)."""
     import uvicorn
 
+    limits = limits or ServeConfig()
     check_bind(host, keys_file)
     if not keys_file:
         print(f"tkg serve: no --keys, so serving on {host} (loopback) only; every group is "
               "readable by local callers")
-    app = create_app(store_dir, keys_file, limits)
-    print(f"tkg serve: snapshot {app.state.snapshots.current.run_id} of {store_dir} on "
-          f"http://{host}:{port} (docs at /docs)")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    run_id = store.current_run(Path(store_dir))
+    if run_id is None:
+        raise store.StoreError(f"{store_dir} has no published snapshot; build one first")
+    os.environ[SERVE_ENV] = json.dumps({"store": str(store_dir), "keys": keys_file,
+                                        "limits": limits.model_dump(), "embedder": embedder})
+    if limits.processes > 1 and not os.environ.get(MULTIPROCESS_ENV):
+        os.environ[MULTIPROCESS_ENV] = tempfile.mkdtemp(prefix="tkg-serve-metrics-")
+    print(f"tkg serve: snapshot {run_id} of {store_dir} on http://{host}:{port} "
+          f"({limits.processes} process{'es' if limits.processes > 1 else ''}; docs at /docs)",
+          flush=True)
+    uvicorn.run("query.serve:app_from_env", factory=True, host=host, port=port,
+                workers=limits.processes, log_level="warning", access_log=False)

@@ -271,3 +271,61 @@ def test_without_keys_only_loopback(capsys):
         check_bind("0.0.0.0", None)
     assert main(["serve", "--store", "/nonexistent", "--host", "0.0.0.0"]) == 2
     assert "without --keys" in capsys.readouterr().err
+
+
+def test_several_processes_serve_one_port_share_metrics_and_switch(tmp_path):
+    """`serve.processes = 2`: both processes answer on one port, a scrape counts every
+    process's requests, and a published snapshot reaches both without a failed request."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from jobs.bench_query import synth_tables, write_store
+    from jobs.bench_serve import _free_port, _serving
+    from pipeline.config import QueryConfig
+
+    tables, _ = synth_tables(2_000, 32, 2, seed=5)
+    write_store(tmp_path, tables, 32, QueryConfig(), seed=5)
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    limits = ServeConfig(processes=2, poll_s=0.05).model_dump_json()
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from query.serve import serve; "
+         "from pipeline.config import ServeConfig; serve(sys.argv[1], port=int(sys.argv[2]), "
+         "limits=ServeConfig.model_validate_json(sys.argv[3]), "
+         "embedder='jobs.bench_query:stored_embedder')", str(tmp_path), str(port), limits],
+        stdout=subprocess.DEVNULL, env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": ""})
+    try:
+        deadline = time.monotonic() + 120
+        while _serving(url) != "bench-1":
+            assert server.poll() is None and time.monotonic() < deadline, "no server"
+            time.sleep(0.2)
+        body = {"query": tables["facts"]["fact"][3].as_py(), "group_ids": ["g000"]}
+        # a new connection per request: the kernel hands them to either process
+        answers = [httpx.post(f"{url}/search", json=body, timeout=30) for _ in range(40)]
+        assert {r.status_code for r in answers} == {200}
+        assert len({json.dumps(r.json()) for r in answers}) == 1
+        for _ in range(6):  # whichever process answers the scrape counts all 40
+            line = next(x for x in httpx.get(f"{url}/metrics").text.splitlines()
+                        if x.startswith('tkg_requests_total{endpoint="/search",status="200"}'))
+            assert float(line.split()[-1]) == 40
+        with httpx.Client(base_url=url, timeout=30) as client:
+            publish_copy(tmp_path, "bench-1", "bench-2")
+            seen: set[str] = set()
+            for _ in range(200):
+                r = client.post("/search", json=body)
+                assert r.status_code == 200
+                seen.add(r.headers["x-tkg-snapshot"])
+                if r.headers["x-tkg-snapshot"] == "bench-2" and len(seen) > 1 and all(
+                        client.post("/search", json=body).headers["x-tkg-snapshot"]
+                        == "bench-2" for _ in range(10)):
+                    break
+                time.sleep(0.05)
+            assert "bench-2" in seen
+            assert all(client.post("/search", json=body).headers["x-tkg-snapshot"] == "bench-2"
+                       for _ in range(20))
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
