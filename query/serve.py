@@ -26,6 +26,7 @@ import ipaddress
 import json
 import logging
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -49,6 +50,7 @@ from prometheus_client import (
     multiprocess,
 )
 from pydantic import BaseModel, ConfigDict, Field
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from pipeline import store
 from pipeline.config import ServeConfig
@@ -471,6 +473,20 @@ def check_bind(host: str, keys_file: str | None) -> None:
             "and pass --keys FILE, or bind to 127.0.0.1")
 
 
+class NoDelayProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol with TCP_NODELAY on every connection. In several processes
+    uvicorn binds the socket itself without naming TCP, so asyncio leaves Nagle's algorithm
+    on, and each response's second write waited for a delayed ACK: 52 ms a request at
+    concurrency 1 instead of 7."""
+
+    def connection_made(self, transport: Any) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
+
+
 def app_from_env() -> FastAPI:
     """The app of one server process (uvicorn imports it by name in each process it
     starts): the arguments `serve` put in SERVE_ENV. `embedder` there, if any, names a
@@ -507,4 +523,5 @@ def serve(store_dir: str, host: str = "127.0.0.1", port: int = 8080,
           f"({limits.processes} process{'es' if limits.processes > 1 else ''}; docs at /docs)",
           flush=True)
     uvicorn.run("query.serve:app_from_env", factory=True, host=host, port=port,
-                workers=limits.processes, log_level="warning", access_log=False)
+                workers=limits.processes, http="query.serve:NoDelayProtocol", log_level="warning",
+                access_log=False)
