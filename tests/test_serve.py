@@ -241,6 +241,7 @@ def test_metrics_and_docs(served):
     client = served["client"]
     client.post("/search", json={"query": "Maria", "group_ids": ["acme"]},
                 headers=auth(served["keys"]["acme"]))
+    assert client.post("/search", content=b"x" * 70_000).status_code == 413  # an error
     text = client.get("/metrics").text
     for name in ("tkg_requests_total{", "tkg_request_seconds_bucket{", "tkg_snapshot_info{",
                  "tkg_errors_total{", "tkg_inflight_requests"):
