@@ -274,7 +274,9 @@ def visible_mask(snapshot: Snapshot, kind: str, rows: np.ndarray, scope: Scope) 
     both timelines, relation and date filters; labels aside, see `with_labels`)."""
     t = snapshot.kinds[kind].times
     k, a, f = scope.known_at, scope.as_of, scope.filters
-    ok = np.isin(snapshot.group_codes[kind][rows], allowed_groups(snapshot, scope))
+    allowed = np.zeros(len(snapshot.groups) + 1, dtype=bool)  # a lookup table, not isin's
+    allowed[allowed_groups(snapshot, scope)] = True  # sort (code -1, no group, stays False)
+    ok = allowed[snapshot.group_codes[kind][rows]]
     ok &= t["created_at_us"][rows] <= k
     if kind == "facts":
         ok &= (t["expired_at_us"][rows] > k)
@@ -337,14 +339,13 @@ def bfs(snapshot: Snapshot, origins: Sequence[int], scope: Scope, hops: int,
             edges = edges[np.argsort(-support[edges], kind="stable")[:max_edges]]
         else:
             edges = edges[np.argsort(-support[edges], kind="stable")]
-        nxt = []
-        for edge in edges.tolist():
-            reached.facts[edge] = hop
-            for end in (int(snapshot.fact_src[edge]), int(snapshot.fact_tgt[edge])):
-                if end >= 0 and end not in reached.entities:
-                    reached.entities[end] = hop
-                    nxt.append(end)
-        frontier = np.array(nxt, dtype=np.int64)
+        reached.facts.update(dict.fromkeys(edges.tolist(), hop))
+        # each edge's source then target, in edge order; new entities at their first sight
+        ends = np.stack([snapshot.fact_src[edges], snapshot.fact_tgt[edges]], axis=1).ravel()
+        ends = ends[(ends >= 0) & ~np.isin(ends, np.fromiter(reached.entities, np.int64))]
+        _, first = np.unique(ends, return_index=True)
+        frontier = ends[np.sort(first)]
+        reached.entities.update(dict.fromkeys(frontier.tolist(), hop))
     return reached
 
 
