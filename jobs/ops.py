@@ -68,7 +68,7 @@ def add_commands(commands: Any, benches: Any) -> None:
     serve.add_argument("--keys", default=None, help="API keys file (see `tkg keys add`)")
     serve.add_argument("--config", default=None, help="YAML config (its `serve` bounds)")
     serve.add_argument("--processes", type=int, default=None,
-                       help="server processes (default: serve.processes, 1); one per CPU "
+                       help="retrieval processes (default: serve.processes, 1); one per CPU "
                             "for throughput")
     serve.set_defaults(fn=cmd_serve)
 
@@ -96,7 +96,7 @@ def add_commands(commands: Any, benches: Any) -> None:
     bench.add_argument("--groups", type=int, default=10)
     bench.add_argument("--workdir", default=None, help="keep the synthetic store here")
     bench.add_argument("--processes", type=int, default=None,
-                       help="server processes (default: one per CPU)")
+                       help="retrieval processes (default: one per CPU)")
     bench.add_argument("--no-publish", action="store_true",
                        help="do not publish a new snapshot during the run")
     bench.add_argument("--json", action="store_true")

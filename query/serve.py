@@ -13,9 +13,10 @@ token budget) come from `ServeConfig`; a request past `timeout_s`, or beyond the
 before switching to it, so no request waits for the load; a request keeps the snapshot it
 started on to the end (`X-Tkg-Snapshot` names it).
 
-With `serve.processes` > 1, uvicorn runs that many processes on one port, each with its own
-snapshot and watcher (a query holds the interpreter lock, so threads alone use one core);
-Prometheus metrics are then summed across processes (prometheus_client's multiprocess mode).
+A query holds the interpreter lock, so threads alone use one core. With `serve.processes`
+> 1 this process only speaks HTTP (and answers history and entity lookups from the catalog)
+and sends each search to the next free one of that many retrieval processes, each with its
+own snapshot and watcher, which also encode the JSON.
 """
 
 import asyncio
@@ -25,12 +26,11 @@ import importlib
 import ipaddress
 import json
 import logging
+import multiprocessing
 import os
-import socket
-import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
@@ -39,7 +39,7 @@ from typing import Annotated, Any
 import duckdb
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi import Path as PathParam
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -47,10 +47,8 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
-    multiprocess,
 )
 from pydantic import BaseModel, ConfigDict, Field
-from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from pipeline import store
 from pipeline.config import ServeConfig
@@ -62,8 +60,6 @@ from query.snapshot import QueryError, open_snapshot
 log = logging.getLogger("tkg.serve")
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-SERVE_ENV = "TKG_SERVE"  # how `serve` hands its arguments to the processes uvicorn starts
-MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # set: metrics are shared across processes
 
 
 # --- snapshots ------------------------------------------------------------------------------
@@ -85,16 +81,17 @@ class Served:
     """One open snapshot: its retriever and (for history and entities) its catalog."""
 
     run_id: str
-    retriever: PinnedRetriever
+    retriever: PinnedRetriever | None  # None in a front process (retrieval runs elsewhere)
     catalog: duckdb.DuckDBPyConnection | None
 
 
 class Snapshots:
     """The snapshot being served; `refresh` opens a newly published one, then swaps."""
 
-    def __init__(self, store_dir: Path, embedder: Any = None) -> None:
+    def __init__(self, store_dir: Path, embedder: Any = None, retrieval: bool = True) -> None:
         self.store = Path(store_dir)
         self.embedder = embedder
+        self.retrieval = retrieval  # False: the catalog only (retrieval runs in processes)
         self.switches = 0
         self.current = self._open(store.current_run(self.store))
         self._stop = threading.Event()
@@ -104,10 +101,11 @@ class Snapshots:
         if run_id is None:
             raise store.StoreError(f"{self.store} has no published snapshot; build one first")
         path = store.snapshot_dir(self.store, run_id)
-        snap = open_snapshot(path)
-        retriever = PinnedRetriever(self.store, snap, self.embedder)
-        if self.embedder is None:  # load the model now, not in the first request
-            self.embedder = retriever.embedder
+        retriever = None
+        if self.retrieval:
+            retriever = PinnedRetriever(self.store, open_snapshot(path), self.embedder)
+            if self.embedder is None:  # load the model now, not in the first request
+                self.embedder = retriever.embedder
         catalog = path / store.CATALOG
         con = duckdb.connect(str(catalog), read_only=True) if catalog.is_file() else None
         return Served(run_id, retriever, con)
@@ -139,6 +137,54 @@ class Snapshots:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+# --- retrieval processes --------------------------------------------------------------------
+
+_PROCESS_SNAPSHOTS: Snapshots | None = None  # what a retrieval process serves from
+
+
+def load_embedder(name: str | None, store_dir: str | Path) -> Any:
+    """`module:function` called with the store folder (benchmarks' synthetic embedder), or
+    None: the snapshot's own model."""
+    if not name:
+        return None
+    module, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module), attribute)(store_dir)
+
+
+def _start_process(store_dir: str, embedder: str | None, poll_s: float) -> None:
+    """Initializer of a retrieval process: open the snapshot and watch CURRENT; exit when
+    the server process is gone (a killed server must not leave its processes behind)."""
+    global _PROCESS_SNAPSHOTS
+    parent = os.getppid()
+
+    def orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=orphaned, name="tkg-parent-watch", daemon=True).start()
+    _PROCESS_SNAPSHOTS = Snapshots(Path(store_dir), load_embedder(embedder, store_dir))
+    _PROCESS_SNAPSHOTS.watch(poll_s)
+
+
+def _ready() -> str:
+    time.sleep(0.2)  # (held a moment, so the start-up calls spread over the processes)
+    assert _PROCESS_SNAPSHOTS is not None, "not a retrieval process"
+    return _PROCESS_SNAPSHOTS.current.run_id
+
+
+def _retrieve(method: str, query: str, group_ids: list[str], args: dict[str, Any],
+              extra: dict[str, Any]) -> tuple[str, bytes]:
+    """One search or context in a retrieval process: the run id and the response body
+    (JSON is encoded here, in parallel, not in the front process)."""
+    assert _PROCESS_SNAPSHOTS is not None, "not a retrieval process"
+    served = _PROCESS_SNAPSHOTS.current
+    assert served.retriever is not None
+    found = getattr(served.retriever, method)(query, group_ids, **args, **extra)
+    content = found.to_dict() if method == "search" else {"context": found}
+    return served.run_id, json.dumps(content, ensure_ascii=False).encode()
 
 
 # --- requests -------------------------------------------------------------------------------
@@ -217,11 +263,9 @@ ALIASES_SQL = """
 
 
 class Metrics:
-    """The server's Prometheus metrics; under several processes each writes its own files
-    (MULTIPROCESS_ENV) and a scrape sums them, so any process answers for all."""
+    """The server's Prometheus metrics (kept by the one process that speaks HTTP)."""
 
     def __init__(self) -> None:
-        self.shared = bool(os.environ.get(MULTIPROCESS_ENV))
         self.registry = CollectorRegistry()
         self.served: set[str] = set()
         self.requests = Counter("tkg_requests", "HTTP requests", ["endpoint", "status"],
@@ -232,11 +276,11 @@ class Metrics:
         self.errors = Counter("tkg_errors", "requests answered 5xx, or refused",
                               ["endpoint", "reason"], registry=self.registry)
         self.inflight = Gauge("tkg_inflight_requests", "requests being served",
-                              registry=self.registry, multiprocess_mode="livesum")
+                              registry=self.registry)
         self.snapshot = Gauge("tkg_snapshot_info", "the snapshot being served (value 1)",
-                              ["run_id"], registry=self.registry, multiprocess_mode="livemax")
+                              ["run_id"], registry=self.registry)
         self.switches = Gauge("tkg_snapshot_switches", "snapshots switched to without restart",
-                              registry=self.registry, multiprocess_mode="livemax")
+                              registry=self.registry)
 
     def serving(self, run_id: str, switches: int) -> None:
         for old in self.served - {run_id}:
@@ -246,11 +290,7 @@ class Metrics:
         self.switches.set(switches)
 
     def exposition(self) -> bytes:
-        if not self.shared:
-            return generate_latest(self.registry)
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-        return generate_latest(registry)
+        return generate_latest(self.registry)
 
 
 # --- the app --------------------------------------------------------------------------------
@@ -258,14 +298,19 @@ class Metrics:
 
 def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
                limits: ServeConfig | None = None, embedder: Any = None,
-               watch: bool = True) -> FastAPI:
+               watch: bool = True, embedder_name: str | None = None) -> FastAPI:
     """The FastAPI app over `store_dir` (its lifespan starts the snapshot watcher)."""
     limits = limits or ServeConfig()
     keys = api_keys.load(keys_file) if keys_file else None
-    snapshots = Snapshots(Path(store_dir), embedder)
+    remote = limits.processes > 1  # retrieval in processes, this one only speaks HTTP
+    snapshots = Snapshots(Path(store_dir), embedder, retrieval=not remote)
     metrics = Metrics()
     metrics.serving(snapshots.current.run_id, 0)
     pool = ThreadPoolExecutor(max_workers=limits.workers, thread_name_prefix="tkg-query")
+    processes = ProcessPoolExecutor(
+        max_workers=limits.processes, mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start_process, initargs=(str(store_dir), embedder_name, limits.poll_s),
+    ) if remote else None
     admitted = asyncio.Semaphore(limits.workers + limits.queue)
     search_model, context_model = _request_models(limits)
 
@@ -273,9 +318,15 @@ def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
     async def lifespan(_: FastAPI):
         if watch:
             snapshots.watch(limits.poll_s)
+        if processes is not None:  # start them all (each opens the snapshot) before serving
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(processes, _ready)
+                                   for _ in range(limits.processes)))
         yield
         snapshots.stop()
         pool.shutdown(wait=False, cancel_futures=True)
+        if processes is not None:
+            processes.shutdown(wait=True, cancel_futures=True)
 
     app = FastAPI(title="tkg", version="1", lifespan=lifespan,
                   description="Retrieval over a tkg store (search, context, fact history).")
@@ -307,16 +358,16 @@ def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
                                      f"{sorted(set(groups) - may_read)}")
         return groups
 
-    async def run(fn, *args: Any) -> Any:
-        """`fn` on the worker pool, bounded in time and in queue length."""
+    async def run(fn, *args: Any, executor: Any = None) -> Any:
+        """`fn` on the worker pool (or `executor`), bounded in time and in queue length."""
         if admitted.locked():
             metrics.errors.labels("queue", "busy").inc()
             raise HTTPException(503, "server busy: too many requests waiting; retry shortly")
         async with admitted:
             loop = asyncio.get_running_loop()
             try:
-                return await asyncio.wait_for(loop.run_in_executor(pool, fn, *args),
-                                              limits.timeout_s)
+                return await asyncio.wait_for(
+                    loop.run_in_executor(executor or pool, fn, *args), limits.timeout_s)
             except TimeoutError:
                 raise HTTPException(503, f"request took over {limits.timeout_s:g} s; "
                                          "narrow it (fewer groups, lower limit) or retry"
@@ -325,29 +376,40 @@ def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
     def answer(served: Served, content: dict[str, Any]) -> JSONResponse:
         return JSONResponse(content, headers={"X-Tkg-Snapshot": served.run_id})
 
-    def retrieval(method: str, body: BaseModel, may_read: frozenset[str] | None,
-                  served: Served, extra: dict[str, Any]) -> Any:
+    def retrieval(method: str, body: BaseModel, served: Served, extra: dict[str, Any]
+                  ) -> tuple[str, bytes]:
+        assert served.retriever is not None
+        found = getattr(served.retriever, method)(body.query, body.group_ids,
+                                                  **_search_args(body), **extra)
+        content = found.to_dict() if method == "search" else {"context": found}
+        return served.run_id, json.dumps(content, ensure_ascii=False).encode()
+
+    async def retrieve(method: str, body: BaseModel, may_read: frozenset[str] | None,
+                       extra: dict[str, Any]) -> Response:
+        """Search or context on this process's threads, or on a retrieval process (each
+        request goes to the next free one, so a slow request never queues others)."""
         allowed(body.group_ids, may_read)
-        fn = getattr(served.retriever, method)
         try:
-            return fn(body.query, body.group_ids, **_search_args(body), **extra)
+            if processes is not None:
+                run_id, content = await run(_retrieve, method, body.query, body.group_ids,
+                                            _search_args(body), extra, executor=processes)
+            else:
+                run_id, content = await run(retrieval, method, body, snapshots.current,
+                                            extra)
         except (QueryError, ValueError) as exc:
             raise HTTPException(400, str(exc)) from None
+        return Response(content, media_type="application/json",
+                        headers={"X-Tkg-Snapshot": run_id})
 
     @app.post("/search", summary="facts, entities, communities and episodes for a query")
     async def search(body: search_model,
                      may_read: frozenset[str] | None = Depends(caller_groups)):
-        served = snapshots.current
-        result = await run(retrieval, "search", body, may_read, served, {})
-        return answer(served, result.to_dict())
+        return await retrieve("search", body, may_read, {})
 
     @app.post("/context", summary="the context string for an agent")
     async def context(body: context_model,
                       may_read: frozenset[str] | None = Depends(caller_groups)):
-        served = snapshots.current
-        text = await run(retrieval, "context", body, may_read, served,
-                         {"max_tokens": body.max_tokens})
-        return answer(served, {"context": text})
+        return await retrieve("context", body, may_read, {"max_tokens": body.max_tokens})
 
     def catalog_query(served: Served, sql: str, params: list[Any]) -> list[dict[str, Any]]:
         if served.catalog is None:
@@ -473,38 +535,11 @@ def check_bind(host: str, keys_file: str | None) -> None:
             "and pass --keys FILE, or bind to 127.0.0.1")
 
 
-class NoDelayProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
-    """uvicorn's HTTP protocol with TCP_NODELAY on every connection. In several processes
-    uvicorn binds the socket itself without naming TCP, so asyncio leaves Nagle's algorithm
-    on, and each response's second write waited for a delayed ACK: 52 ms a request at
-    concurrency 1 instead of 7."""
-
-    def connection_made(self, transport: Any) -> None:
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().connection_made(transport)
-
-
-def app_from_env() -> FastAPI:
-    """The app of one server process (uvicorn imports it by name in each process it
-    starts): the arguments `serve` put in SERVE_ENV. `embedder` there, if any, names a
-    function `module:name` that takes the store folder and returns the query embedder."""
-    spec = json.loads(os.environ[SERVE_ENV])
-    embedder = None
-    if spec.get("embedder"):
-        module, _, name = spec["embedder"].partition(":")
-        embedder = getattr(importlib.import_module(module), name)(spec["store"])
-    return create_app(spec["store"], spec.get("keys"),
-                      ServeConfig.model_validate(spec["limits"]), embedder)
-
-
 def serve(store_dir: str, host: str = "127.0.0.1", port: int = 8080,
           keys_file: str | None = None, limits: ServeConfig | None = None,
           embedder: str | None = None) -> None:
-    """Serve until interrupted, in `limits.processes` processes (see the module docstring);
-    `embedder` is for benchmarks (see `app_from_env`)."""
+    """Serve until interrupted (see the module docstring); `embedder` is for benchmarks
+    (see `load_embedder`)."""
     import uvicorn
 
     limits = limits or ServeConfig()
@@ -512,16 +547,12 @@ def serve(store_dir: str, host: str = "127.0.0.1", port: int = 8080,
     if not keys_file:
         print(f"tkg serve: no --keys, so serving on {host} (loopback) only; every group is "
               "readable by local callers")
-    run_id = store.current_run(Path(store_dir))
-    if run_id is None:
-        raise store.StoreError(f"{store_dir} has no published snapshot; build one first")
-    os.environ[SERVE_ENV] = json.dumps({"store": str(store_dir), "keys": keys_file,
-                                        "limits": limits.model_dump(), "embedder": embedder})
-    if limits.processes > 1 and not os.environ.get(MULTIPROCESS_ENV):
-        os.environ[MULTIPROCESS_ENV] = tempfile.mkdtemp(prefix="tkg-serve-metrics-")
+    remote = limits.processes > 1
+    app = create_app(store_dir, keys_file, limits,
+                     embedder=None if remote else load_embedder(embedder, store_dir),
+                     embedder_name=embedder)
+    run_id = app.state.snapshots.current.run_id
     print(f"tkg serve: snapshot {run_id} of {store_dir} on http://{host}:{port} "
-          f"({limits.processes} process{'es' if limits.processes > 1 else ''}; docs at /docs)",
+          f"({limits.processes} retrieval process{'es' if remote else ''}; docs at /docs)",
           flush=True)
-    uvicorn.run("query.serve:app_from_env", factory=True, host=host, port=port,
-                workers=limits.processes, http="query.serve:NoDelayProtocol", log_level="warning",
-                access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
