@@ -156,6 +156,26 @@ def _serving(url: str) -> str | None:
         return None
 
 
+def start_server(root: Path, limits: Any, timeout_s: float = 300.0
+                 ) -> tuple[subprocess.Popen, str]:
+    """`serve` on a bench store in a child process (with the store's synthetic query
+    embedder) and its URL, once it answers; `limits` is a ServeConfig."""
+    url = f"http://127.0.0.1:{_free_port()}"
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from query.serve import serve; "
+         "from pipeline.config import ServeConfig; serve(sys.argv[1], port=int(sys.argv[2]), "
+         "limits=ServeConfig.model_validate_json(sys.argv[3]), "
+         "embedder='jobs.bench_query:stored_embedder')", str(root), url.rsplit(":", 1)[1],
+         limits.model_dump_json()], stdout=subprocess.DEVNULL)
+    deadline = time.perf_counter() + timeout_s
+    while _serving(url) is None:  # every retrieval process opens the snapshot first
+        if server.poll() is not None or time.perf_counter() > deadline:
+            server.terminate()
+            raise RuntimeError(f"the server did not start (exit code {server.poll()})")
+        time.sleep(0.2)
+    return server, url
+
+
 def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: int = 384,
                 groups: int = 10, workdir: str | None = None, publish: bool = True,
                 queries: int = 2_000, seed: int = 0, processes: int | None = None
@@ -179,18 +199,9 @@ def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: i
     workload.write_text(json.dumps(work))
 
     processes = processes or os.cpu_count() or 1
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    limits = ServeConfig(processes=processes).model_dump()
-    server = subprocess.Popen(
-        [sys.executable, "-c", "import json, sys; from query.serve import serve; "
-         "from pipeline.config import ServeConfig; "
-         "serve(sys.argv[1], port=int(sys.argv[2]), "
-         "limits=ServeConfig.model_validate(json.loads(sys.argv[3])), "
-         "embedder='jobs.bench_query:stored_embedder')", str(root), str(port),
-         json.dumps(limits)], stdout=subprocess.DEVNULL)
+    server, url = start_server(root, ServeConfig(processes=processes))
     try:
-        return _run(root, url, server, workload, seconds, concurrency, publish, {
+        return _run(root, url, workload, seconds, concurrency, publish, {
             "facts": facts, "dim": dim, "groups": groups, "concurrency": concurrency,
             "processes": processes, "prepare_s": round(prepared, 1),
             "index_build_s": index.get("seconds")}, keep=bool(workdir))
@@ -199,14 +210,8 @@ def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: i
         server.wait(timeout=30)
 
 
-def _run(root: Path, url: str, server: subprocess.Popen, workload: Path, seconds: float,
-         concurrency: int, publish: bool, figures: dict[str, Any], keep: bool
-         ) -> dict[str, Any]:
-    deadline = time.perf_counter() + 300
-    while _serving(url) != "bench-1":  # every process opens the snapshot before listening
-        if server.poll() is not None or time.perf_counter() > deadline:
-            raise RuntimeError(f"the server did not start (exit code {server.poll()})")
-        time.sleep(0.2)
+def _run(root: Path, url: str, workload: Path, seconds: float, concurrency: int,
+         publish: bool, figures: dict[str, Any], keep: bool) -> dict[str, Any]:
     load = subprocess.Popen(
         [sys.executable, "-m", "jobs.bench_serve", url, str(workload), str(seconds),
          str(concurrency)], stdout=subprocess.PIPE, text=True)

@@ -35,12 +35,12 @@ from query.search import (
     entities_in_scope,
     exact_cosine,
     exact_spans,
-    group_spans,
     make_scope,
     memory_bm25,
     neighbours,
     order_reached,
     start,
+    text_spans,
     vectors_of,
     with_labels,
 )
@@ -265,10 +265,9 @@ class _Run:
             return None if spans is None else partial(
                 exact_cosine, self.snap, kind, self.vector, self.scope, self.pool,
                 self.r.config, spans)
-        if self.snap.kinds[kind].terms is None or group_spans(self.snap, kind,
-                                                              self.scope) is None:
-            return None
-        return partial(memory_bm25, self.snap, kind, self.text, self.scope, self.pool)
+        spans = text_spans(self.snap, kind, self.scope)
+        return None if spans is None else partial(
+            memory_bm25, self.snap, kind, self.text, self.scope, self.pool, spans)
 
     def _candidates(self, wanted: list[tuple[str, str]]) -> list[Hits]:
         """Every (kind, method)'s hits: the LanceDB searches start first, then the

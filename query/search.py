@@ -194,16 +194,24 @@ def exact_cosine(snapshot: Snapshot, kind: str, vector: np.ndarray, scope: Scope
     return [(int(rows_all[i]), float(scores[i])) for i in order]
 
 
-def memory_bm25(snapshot: Snapshot, kind: str, text: str, scope: Scope, limit: int
-                ) -> Hits | None:
+def text_spans(snapshot: Snapshot, kind: str, scope: Scope) -> Spans | None:
+    """The rows an in-memory BM25 would cover, or None when `bm25` must ask LanceDB: the
+    kind keeps no postings, or `group_spans` is None."""
+    if snapshot.kinds[kind].terms is None:
+        return None
+    return group_spans(snapshot, kind, scope)
+
+
+def memory_bm25(snapshot: Snapshot, kind: str, text: str, scope: Scope, limit: int,
+                spans: Spans | None = None) -> Hits | None:
     """The same ranking as `bm25` from the postings kept in memory (`query.lexical`), over
-    the rows of the caller's groups only, filtered by the in-memory twin of `where`; equal
-    scores rank the more recent fact or episode first. None where the kind keeps no
-    postings or `group_spans` is None."""
-    table = snapshot.kinds[kind]
-    spans = group_spans(snapshot, kind, scope) if table.terms is not None else None
+    the rows of the caller's groups only (`text_spans`), filtered by the in-memory twin of
+    `where`; equal scores rank the more recent fact or episode first. None where
+    `text_spans` is None."""
+    spans = text_spans(snapshot, kind, scope) if spans is None else spans
     if spans is None:
         return None
+    table = snapshot.kinds[kind]
     text = " ".join(text[:MAX_QUERY_CHARS].split())
     if limit <= 0 or not spans or not text:
         return []

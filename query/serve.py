@@ -175,12 +175,13 @@ def _ready() -> str:
     return _PROCESS_SNAPSHOTS.current.run_id
 
 
-def _retrieve(method: str, query: str, group_ids: list[str], args: dict[str, Any],
-              extra: dict[str, Any]) -> tuple[str, bytes]:
-    """One search or context in a retrieval process: the run id and the response body
-    (JSON is encoded here, in parallel, not in the front process)."""
-    assert _PROCESS_SNAPSHOTS is not None, "not a retrieval process"
-    served = _PROCESS_SNAPSHOTS.current
+def _retrieve(served: Served | None, method: str, query: str, group_ids: list[str],
+              args: dict[str, Any], extra: dict[str, Any]) -> tuple[str, bytes]:
+    """One search or context on `served` (None: this retrieval process's snapshot): the
+    run id and the response body, JSON encoded where the search ran."""
+    if served is None:
+        assert _PROCESS_SNAPSHOTS is not None, "not a retrieval process"
+        served = _PROCESS_SNAPSHOTS.current
     assert served.retriever is not None
     found = getattr(served.retriever, method)(query, group_ids, **args, **extra)
     content = found.to_dict() if method == "search" else {"context": found}
@@ -267,7 +268,6 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.served: set[str] = set()
         self.requests = Counter("tkg_requests", "HTTP requests", ["endpoint", "status"],
                                 registry=self.registry)
         self.latency = Histogram(
@@ -283,14 +283,9 @@ class Metrics:
                               registry=self.registry)
 
     def serving(self, run_id: str, switches: int) -> None:
-        for old in self.served - {run_id}:
-            self.snapshot.labels(old).set(0)
-        self.served.add(run_id)
+        self.snapshot.clear()
         self.snapshot.labels(run_id).set(1)
         self.switches.set(switches)
-
-    def exposition(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 # --- the app --------------------------------------------------------------------------------
@@ -376,26 +371,15 @@ def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
     def answer(served: Served, content: dict[str, Any]) -> JSONResponse:
         return JSONResponse(content, headers={"X-Tkg-Snapshot": served.run_id})
 
-    def retrieval(method: str, body: BaseModel, served: Served, extra: dict[str, Any]
-                  ) -> tuple[str, bytes]:
-        assert served.retriever is not None
-        found = getattr(served.retriever, method)(body.query, body.group_ids,
-                                                  **_search_args(body), **extra)
-        content = found.to_dict() if method == "search" else {"context": found}
-        return served.run_id, json.dumps(content, ensure_ascii=False).encode()
-
     async def retrieve(method: str, body: BaseModel, may_read: frozenset[str] | None,
                        extra: dict[str, Any]) -> Response:
         """Search or context on this process's threads, or on a retrieval process (each
         request goes to the next free one, so a slow request never queues others)."""
         allowed(body.group_ids, may_read)
+        served = None if processes is not None else snapshots.current
         try:
-            if processes is not None:
-                run_id, content = await run(_retrieve, method, body.query, body.group_ids,
-                                            _search_args(body), extra, executor=processes)
-            else:
-                run_id, content = await run(retrieval, method, body, snapshots.current,
-                                            extra)
+            run_id, content = await run(_retrieve, served, method, body.query, body.group_ids,
+                                        _search_args(body), extra, executor=processes)
         except (QueryError, ValueError) as exc:
             raise HTTPException(400, str(exc)) from None
         return Response(content, media_type="application/json",
@@ -458,7 +442,8 @@ def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
     @app.get("/metrics", summary="Prometheus metrics")
     async def prometheus():
         metrics.serving(snapshots.current.run_id, snapshots.switches)
-        return PlainTextResponse(metrics.exposition().decode(), media_type=CONTENT_TYPE_LATEST)
+        return PlainTextResponse(generate_latest(metrics.registry).decode(),
+                                 media_type=CONTENT_TYPE_LATEST)
 
     return app
 

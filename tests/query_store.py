@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -108,3 +109,28 @@ def build_store(root: Path, embedder) -> Path:
                                     "embedding": {"model": config.embed.model, "dim": dim}})
     store.switch_current(root, "tiny-1")
     return root
+
+
+def synthetic_snapshot(root: Path, seed: int) -> tuple[dict[str, pa.Table], Any, Any,
+                                                      QueryConfig]:
+    """The benchmark's synthetic store (3,000 facts, 3 groups, 32-d), opened: its tables,
+    topic centroids, snapshot and config. No vector index, so LanceDB searches exactly too
+    (what the in-memory twins are compared with)."""
+    from jobs.bench_query import synth_tables, write_store
+    from query.snapshot import open_snapshot
+
+    config = QueryConfig(ann_min_rows=10**9)
+    tables, centroids = synth_tables(3_000, 32, 3, seed=seed)
+    write_store(root, tables, 32, config)
+    return tables, centroids, open_snapshot(store.current_snapshot(root), config), config
+
+
+def twin_scopes() -> list[Any]:
+    """Scopes an in-memory search must honour as LanceDB's prefilter does: one group, two
+    groups, a past point of both timelines, a valid-time window."""
+    from query import search
+
+    return [search.make_scope(["g000"]), search.make_scope(["g001", "g002"]),
+            search.make_scope(["g000"], as_of="2021-06-01", known_at="2024-06-01"),
+            search.make_scope(["g002"], filters=search.Filters(
+                valid_from=datetime(2021, 1, 1, tzinfo=UTC)))]

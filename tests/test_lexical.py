@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 import re
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -82,19 +81,11 @@ def test_bm25_in_memory_scores_as_lancedb_does_on_real_text(tmp_path):
 
 def test_bm25_in_memory_ranks_as_lancedb_does_in_every_scope(tmp_path):
     """Within groups and both timelines, `memory_bm25` returns what the native index does."""
-    from jobs.bench_query import synth_tables, write_store
-    from pipeline import store
     from query import search
-    from query.snapshot import open_snapshot
+    from tests.query_store import synthetic_snapshot, twin_scopes
 
-    config = QueryConfig(ann_min_rows=10**9)
-    tables, _ = synth_tables(3_000, 32, 3, seed=4)
-    write_store(tmp_path, tables, 32, config)
-    snap = open_snapshot(store.current_snapshot(tmp_path), config)
-    scopes = [search.make_scope(["g000"]), search.make_scope(["g001", "g002"]),
-              search.make_scope(["g000"], as_of="2021-06-01", known_at="2024-06-01"),
-              search.make_scope(["g002"], filters=search.Filters(
-                  valid_from=datetime(2021, 1, 1, tzinfo=UTC)))]
+    tables, _, snap, _ = synthetic_snapshot(tmp_path, seed=4)
+    scopes = twin_scopes()
     compared = 0
     for kind in ("facts", "entities", "communities", "episodes"):
         assert snap.kinds[kind].terms is not None

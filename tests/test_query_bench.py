@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from datetime import UTC, datetime
 
 from pipeline.config import QueryConfig
 
@@ -53,21 +52,13 @@ def test_ivf_tables_answer_within_their_group(tmp_path):
 def test_exact_scan_in_memory_ranks_as_lancedb_does(tmp_path):
     """The in-memory exact scan returns what LanceDB's exact search returns, for every
     kind, group set and point in both timelines (it only saves the index call)."""
-    from jobs.bench_query import SyntheticEmbedder, synth_tables, write_store
+    from jobs.bench_query import SyntheticEmbedder
     from query import search
-    from query.snapshot import open_snapshot
+    from tests.query_store import synthetic_snapshot, twin_scopes
 
-    config = QueryConfig(ann_min_rows=10**9)  # LanceDB searches these tables exactly too
-    tables, centroids = synth_tables(3_000, 32, 3, seed=2)
-    write_store(tmp_path, tables, 32, config)
-    from pipeline import store
-
-    snap = open_snapshot(store.current_snapshot(tmp_path), config)
+    tables, centroids, snap, config = synthetic_snapshot(tmp_path, seed=2)
     embedder = SyntheticEmbedder(centroids)
-    scopes = [search.make_scope(["g000"]), search.make_scope(["g001", "g002"]),
-              search.make_scope(["g000"], as_of="2021-06-01", known_at="2024-06-01"),
-              search.make_scope(["g002"], filters=search.Filters(
-                  valid_from=datetime(2021, 1, 1, tzinfo=UTC)))]
+    scopes = twin_scopes()
     compared = 0
     for kind in ("facts", "entities", "communities", "episodes"):
         assert snap.kinds[kind].vectors is not None

@@ -278,32 +278,19 @@ def test_retrieval_processes_answer_count_and_switch(tmp_path):
     """`serve.processes = 2`: searches run in two retrieval processes behind one HTTP
     process, metrics count them all, and a published snapshot reaches both retrieval
     processes without a failed request."""
-    import subprocess
-    import sys
     import time
 
     import httpx
 
     from jobs.bench_query import synth_tables, write_store
-    from jobs.bench_serve import _free_port, _serving
+    from jobs.bench_serve import _serving, start_server
     from pipeline.config import QueryConfig
 
     tables, _ = synth_tables(2_000, 32, 2, seed=5)
     write_store(tmp_path, tables, 32, QueryConfig(), seed=5)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    limits = ServeConfig(processes=2, poll_s=0.05).model_dump_json()
-    server = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from query.serve import serve; "
-         "from pipeline.config import ServeConfig; serve(sys.argv[1], port=int(sys.argv[2]), "
-         "limits=ServeConfig.model_validate_json(sys.argv[3]), "
-         "embedder='jobs.bench_query:stored_embedder')", str(tmp_path), str(port), limits],
-        stdout=subprocess.DEVNULL)
+    server, url = start_server(tmp_path, ServeConfig(processes=2, poll_s=0.05), 120)
     try:
-        deadline = time.monotonic() + 120
-        while _serving(url) != "bench-1":
-            assert server.poll() is None and time.monotonic() < deadline, "no server"
-            time.sleep(0.2)
+        assert _serving(url) == "bench-1"
         body = {"query": tables["facts"]["fact"][3].as_py(), "group_ids": ["g000"]}
         answers = [httpx.post(f"{url}/search", json=body, timeout=30) for _ in range(40)]
         assert {r.status_code for r in answers} == {200}
