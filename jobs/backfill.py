@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from jobs.cli import main
+from tkg.jobs.cli import main
 
 
 def run(argv: list[str]) -> int:

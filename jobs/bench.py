@@ -7,15 +7,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs.synth import generate_episodes, write_jsonl
-from pipeline.stages import REGISTRY
+from tkg.jobs.synth import generate_episodes, write_jsonl
+from tkg.pipeline.stages import REGISTRY
 
 
 def bench_build(episodes: int, *, config_path: str | None = None, seed: int = 0,
                 groups: int = 3, workdir: str | None = None) -> dict[str, Any]:
     """Generate `episodes` records, build them, and return throughput and stage timings."""
-    from pipeline.build import build, init_ray
-    from pipeline.config import load_config
+    from tkg.pipeline.build import build, init_ray
+    from tkg.pipeline.config import load_config
 
     config = load_config(config_path)
     with tempfile.TemporaryDirectory(prefix="tkg-bench-") as tmp:

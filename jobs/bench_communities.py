@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from jobs.figures import print_figures
+from tkg.jobs.figures import print_figures
 
 SYLLABLES = ("ka", "lo", "mi", "ra", "ten", "vo", "sha", "dri", "an", "bel", "cor", "du",
              "el", "fin", "gar", "hul", "is", "jor", "kel", "lum", "mar", "nor", "ost", "pel")
@@ -90,8 +89,8 @@ def bench_communities(nodes: int, edges: int, *, community_size: int = 50, p_in:
                       seed: int = 0, trace: bool = False) -> dict[str, Any]:
     """Generate, then time graph construction, label propagation and the whole refresh.
     `trace` adds tracemalloc's peak of Python-side allocations (slower)."""
-    from pipeline import communities
-    from pipeline.config import CommunitiesConfig
+    from tkg.pipeline import communities
+    from tkg.pipeline.config import CommunitiesConfig
 
     config = CommunitiesConfig()
     started = time.perf_counter()

@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from jobs.figures import print_figures
-from pipeline import schema, store
-from pipeline.config import QueryConfig
+from tkg.jobs.figures import print_figures
+from tkg.pipeline import schema, store
+from tkg.pipeline.config import QueryConfig
 
 TOPICS = 512
 VOCABULARY = 20_000
@@ -54,7 +53,7 @@ class SyntheticEmbedder:
 
 def stored_embedder(store_dir: str | Path) -> SyntheticEmbedder:
     """The query embedder of a bench store (from the seed and dim in its manifest), for a
-    server started by name: `tkg bench serve` passes `jobs.bench_query:stored_embedder`."""
+    server started by name: `tkg bench serve` passes `tkg.jobs.bench_query:stored_embedder`."""
     embedding = store.read_manifest(store.current_snapshot(Path(store_dir)))["embedding"]
     return SyntheticEmbedder(_centroids(int(embedding["dim"]), int(embedding.get("seed", 0))))
 
@@ -165,7 +164,7 @@ def write_store(root: Path, tables: dict[str, pa.Table], dim: int,
                 config: QueryConfig, seed: int = 0) -> dict[str, Any]:
     """A published snapshot of the synthetic tables: mentions as Parquet (the graph reads
     them), the retrieval indexes, a manifest, CURRENT."""
-    from query.index import build_indexes
+    from tkg.pipeline.index import build_indexes
 
     run_id = "bench-1"
     snapshot = store.prepare_snapshot(root, run_id)
@@ -216,8 +215,9 @@ def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 
                 workdir: str | None = None, seed: int = 0,
                 config: QueryConfig | None = None, reuse: bool = False) -> dict[str, Any]:
     """Build (or, with `reuse`, keep the store of an earlier run in `workdir`) and time."""
-    import query
-    from query.context import build_context
+    from tkg.query.context import build_context
+
+    from tkg import query
 
     config = config or QueryConfig()
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tkg-bench-query-"))

@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-
-from jobs.figures import print_figures
+from tkg.jobs.figures import print_figures
 
 _FIRST_NAMES = (
     "James Mary Robert Patricia John Jennifer Michael Linda David Elizabeth William Barbara "
@@ -166,7 +165,7 @@ def synthetic_mentions(count: int, *, seed: int = 0, groups: int = 4,
 
 def extractions(mentions: pa.Table, per_episode: int = 5) -> pa.Table:
     """Mentions packed into synthetic episodes (the resolver's input), per group."""
-    from pipeline import schema
+    from tkg.pipeline import schema
 
     rows = []
     when = datetime(2024, 1, 1, tzinfo=UTC)
@@ -191,7 +190,7 @@ class SyntheticVectors:
         self.noise = float(np.sqrt(1 / cosine**2 - 1))  # |noise| for that expected cosine
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        from pipeline import schema
+        from tkg.pipeline import schema
 
         keys = zip(batch["group_id"].to_pylist(), batch["normalized"].to_pylist(), strict=True)
         truths = np.array([self.truth_of.get(k, -1) for k in keys], dtype=np.int64)
@@ -232,11 +231,10 @@ def bench_resolution(mentions: int, *, seed: int = 0, groups: int = 4, dim: int 
     import pyarrow.parquet as pq
     import ray.data
     from ray.data import ActorPoolStrategy
-
-    from pipeline import resolve, store
-    from pipeline.build import init_ray
-    from pipeline.config import load_config
-    from pipeline.stages import RunContext, names_stage, resolve_stage
+    from tkg.pipeline import resolve, store
+    from tkg.pipeline.build import init_ray
+    from tkg.pipeline.config import load_config
+    from tkg.pipeline.stages import RunContext, names_stage, resolve_stage
 
     config = load_config(config_path)
     started = time.perf_counter()

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from jobs.figures import print_figures
-from pipeline import store
+from tkg.jobs.figures import print_figures
+from tkg.pipeline import store
 
 
 def _free_port() -> int:
@@ -162,10 +161,10 @@ def start_server(root: Path, limits: Any, timeout_s: float = 300.0
     embedder) and its URL, once it answers; `limits` is a ServeConfig."""
     url = f"http://127.0.0.1:{_free_port()}"
     server = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from query.serve import serve; "
-         "from pipeline.config import ServeConfig; serve(sys.argv[1], port=int(sys.argv[2]), "
+        [sys.executable, "-c", "import sys; from tkg.query.serve import serve; "
+         "from tkg.pipeline.config import ServeConfig; serve(sys.argv[1], port=int(sys.argv[2]), "
          "limits=ServeConfig.model_validate_json(sys.argv[3]), "
-         "embedder='jobs.bench_query:stored_embedder')", str(root), url.rsplit(":", 1)[1],
+         "embedder='tkg.jobs.bench_query:stored_embedder')", str(root), url.rsplit(":", 1)[1],
          limits.model_dump_json()], stdout=subprocess.DEVNULL)
     deadline = time.perf_counter() + timeout_s
     while _serving(url) is None:  # every retrieval process opens the snapshot first
@@ -180,8 +179,8 @@ def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: i
                 groups: int = 10, workdir: str | None = None, publish: bool = True,
                 queries: int = 2_000, seed: int = 0, processes: int | None = None
                 ) -> dict[str, Any]:
-    from jobs.bench_query import _workload, synth_tables, write_store
-    from pipeline.config import QueryConfig, ServeConfig
+    from tkg.jobs.bench_query import _workload, synth_tables, write_store
+    from tkg.pipeline.config import QueryConfig, ServeConfig
 
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tkg-bench-serve-"))
     if root.exists():
@@ -213,7 +212,7 @@ def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: i
 def _run(root: Path, url: str, workload: Path, seconds: float, concurrency: int,
          publish: bool, figures: dict[str, Any], keep: bool) -> dict[str, Any]:
     load = subprocess.Popen(
-        [sys.executable, "-m", "jobs.bench_serve", url, str(workload), str(seconds),
+        [sys.executable, "-m", "tkg.jobs.bench_serve", url, str(workload), str(seconds),
          str(concurrency)], stdout=subprocess.PIPE, text=True)
     publish_at = publish_s = switched_after = None
     assert load.stdout is not None

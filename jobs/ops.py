@@ -9,8 +9,8 @@ from typing import Any
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from pipeline.config import load_config
-    from query.serve import serve
+    from tkg.pipeline.config import load_config
+    from tkg.query.serve import serve
 
     limits = load_config(args.config).serve
     if args.processes is not None:
@@ -20,7 +20,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_add(args: argparse.Namespace) -> int:
-    from query.keys import add
+    from tkg.query.keys import add
 
     key = add(args.keys, args.name, args.group)
     print(f"key for {args.name} (groups {', '.join(sorted(set(args.group)))}); shown once, "
@@ -29,7 +29,7 @@ def cmd_keys_add(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from pipeline.reliability import gc
+    from tkg.pipeline.reliability import gc
 
     report = gc(Path(args.store), args.keep, dry_run=args.dry_run)
     figures = {"kept": report.kept, "removed_snapshots": report.removed_snapshots,
@@ -47,7 +47,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_serve(args: argparse.Namespace) -> int:
-    from jobs.bench_serve import bench_serve, print_bench
+    from tkg.jobs.bench_serve import bench_serve, print_bench
 
     figures = bench_serve(args.facts, seconds=args.seconds, concurrency=args.concurrency,
                           dim=args.dim, groups=args.groups, workdir=args.workdir,

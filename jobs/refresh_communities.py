@@ -25,9 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-from pipeline import communities, schema, store
-from pipeline.config import TkgConfig, load_config
+from tkg.pipeline import communities, schema, store
+from tkg.pipeline.config import TkgConfig, load_config
 
 INPUT_COLUMNS = {
     "entities": ["entity_id", "group_id", "name", "summary", "mention_count"],
@@ -99,7 +98,7 @@ def _link_tree(source: Path, target: Path) -> None:
 
 
 def _embed_names(rows: pa.Table, config: TkgConfig, dim: int) -> pa.Table:
-    from pipeline.embed import build_embedder, embed_unique, to_vector_array
+    from tkg.pipeline.embed import build_embedder, embed_unique, to_vector_array
 
     names = [n or "" for n in rows["name"].to_pylist()]
     vectors = (embed_unique(build_embedder(config), names) if names
@@ -113,8 +112,7 @@ def _retrieval_index(snapshot: Path, previous: Path, table: pa.Table, config: Tk
     if not (previous / "lance").is_dir():
         return None
     import lancedb
-
-    from query.index import LANCE_DIR, SPECS, index_table  # lazy: jobs -> query is allowed
+    from tkg.pipeline.index import LANCE_DIR, SPECS, index_table  # lazy: jobs -> query is allowed
 
     for path in (previous / LANCE_DIR).iterdir():
         if path.is_dir() and not path.name.startswith("communities"):
@@ -220,7 +218,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from jobs.bench_communities import bench_communities, print_bench
+    from tkg.jobs.bench_communities import bench_communities, print_bench
 
     figures = bench_communities(args.nodes, args.edges, community_size=args.community_size,
                                 p_in=args.p_in, seed=args.seed, trace=args.tracemalloc)
@@ -256,7 +254,7 @@ def add_commands(commands: Any, benches: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m jobs.refresh_communities --store DIR [--config YAML] [--json]`."""
+    """`python -m tkg.jobs.refresh_communities --store DIR [--config YAML] [--json]`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     _refresh_arguments(parser)
     args = parser.parse_args(argv)

@@ -290,7 +290,7 @@ section { border-top: 1px solid #eee; padding-top: 0.5em; }
 
 def render_report(store_dir: str | Path) -> str:
     """The page for the current snapshot of `store_dir`."""
-    from pipeline import store
+    from tkg.pipeline import store
 
     snapshot = store.current_snapshot(Path(store_dir))
     manifest = store.read_manifest(snapshot)

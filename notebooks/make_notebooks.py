@@ -32,7 +32,7 @@ import json
 import matplotlib.pyplot as plt
 import polars as pl
 
-from pipeline import store
+from tkg.pipeline import store
 
 con = store.connect(STORE)  # read-only DuckDB on the current snapshot's catalog
 manifest = store.read_manifest(store.current_snapshot(STORE))
@@ -249,7 +249,7 @@ RETRIEVAL = [
 # tkg retrieval
 
 f(query) = constructor(rerank(search(query))) on a store's current snapshot, through the
-Python API `query.open(store)`: the recipes side by side, the same question asked at two
+Python API `tkg.query.open(store)`: the recipes side by side, the same question asked at two
 points in valid time (`as_of`) and transaction time (`known_at`), and the context string an
 agent gets. `tkg search` / `tkg context` print the same from the command line.
 """),
@@ -259,8 +259,8 @@ import time
 
 import polars as pl
 
-import query
-from query.recipes import RECIPES
+from tkg import query
+from tkg.query.recipes import RECIPES
 
 retriever = query.open(STORE)  # follows STORE/CURRENT: a new snapshot is picked up by itself
 print(f"store {STORE}, snapshot {retriever.snapshot().run_id}")
@@ -313,7 +313,7 @@ nothing; after each run it knew that run's versions. The moments are the store's
     ("code", '''\
 from datetime import timedelta
 
-from pipeline import store
+from tkg.pipeline import store
 
 with store.connect(STORE) as con:
     runs = con.sql("SELECT run_id, started_at, finished_at FROM runs ORDER BY started_at").pl()

@@ -15,8 +15,7 @@ from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from pipeline.config import TkgConfig
+from tkg.pipeline.config import TkgConfig
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ def _load_plugins() -> None:
     """Judges that live in optional packages register on import."""
     import importlib
 
-    for module in ("pipeline.llm.judges",):
+    for module in ("tkg.pipeline.llm.judges",):
         try:
             importlib.import_module(module)
         except ImportError:

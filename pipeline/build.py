@@ -22,13 +22,12 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 from ray.data import Dataset
-
-from pipeline import faults, reliability, schema, sources, store
-from pipeline.config import TkgConfig
-from pipeline.datasets import read_parquet_files
-from pipeline.embed import embedding_dim
-from pipeline.llm.usage import llm_summary
-from pipeline.stages import INTERNAL_EXTRACTIONS, STAGES, RunContext, Stage
+from tkg.pipeline import faults, reliability, schema, sources, store
+from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.datasets import read_parquet_files
+from tkg.pipeline.embed import embedding_dim
+from tkg.pipeline.llm.usage import llm_summary
+from tkg.pipeline.stages import INTERNAL_EXTRACTIONS, STAGES, RunContext, Stage
 
 log = logging.getLogger("tkg.build")
 SUCCESS = "_SUCCESS.json"
@@ -223,7 +222,9 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
     runs = pa.concat_tables([store.previous_runs(store_dir), _run_row(ctx, summary, started_at)])
     _write_small(runs, snapshot / "runs", schema.RUNS)
     store.build_catalog(snapshot, list(schema.PUBLISHED))
-    from query.index import build_indexes  # retrieval indexes (LanceDB); lazy: query -> pipeline
+    from tkg.pipeline.index import (
+        build_indexes,  # retrieval indexes (LanceDB); lazy: query -> pipeline
+    )
 
     retrieval = build_indexes(snapshot, ctx.dim, ctx.config.query)
     summary["seconds"]["publish"] = round(time.perf_counter() - started, 3)

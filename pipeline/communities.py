@@ -33,9 +33,8 @@ import igraph
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from pipeline import schema
-from pipeline.config import CommunitiesConfig
+from tkg.pipeline import schema
+from tkg.pipeline.config import CommunitiesConfig
 
 # --- the graph ----------------------------------------------------------------------------
 

@@ -244,7 +244,7 @@ class LlmConfig(_Section):
 
 
 class QueryConfig(_Section):
-    """Retrieval indexes built at publish (query/index.py) and search defaults (query/).
+    """Retrieval indexes built at publish (pipeline/index.py) and search defaults (query/).
 
     A table with fewer than `ann_min_rows` rows gets no vector index: its vector search is
     exact (a flat scan costs a few ms there and never misses). From `ann_min_rows` rows on

@@ -10,8 +10,7 @@ from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
-
-from pipeline.config import EmbedConfig, TkgConfig
+from tkg.pipeline.config import EmbedConfig, TkgConfig
 
 
 class Embedder(Protocol):

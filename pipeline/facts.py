@@ -14,10 +14,9 @@ from datetime import datetime
 from itertools import pairwise
 
 import pyarrow as pa
-
-from pipeline import schema
-from pipeline.config import FactsConfig, RelationClass
-from pipeline.resolve import normalize_name
+from tkg.pipeline import schema
+from tkg.pipeline.config import FactsConfig, RelationClass
+from tkg.pipeline.resolve import normalize_name
 
 
 def relation_class(relation: str, config: FactsConfig

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import pyarrow.parquet as pq
-
-from pipeline import store
-from pipeline.config import TkgConfig
-from pipeline.faults import InjectedCrash
+from tkg.pipeline import store
+from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.faults import InjectedCrash
 
 log = logging.getLogger("tkg.reliability")
 T = TypeVar("T")

@@ -27,9 +27,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from pipeline import schema
-from pipeline.config import ResolveConfig
+from tkg.pipeline import schema
+from tkg.pipeline.config import ResolveConfig
 
 GENERIC_LABELS = {"Entity", "Concept", "Thing"}
 _PUNCT = re.compile(r"[^\w\s&+@.-]|(?<!\w)[.-]|[.-](?!\w)")

@@ -22,14 +22,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 import ray.data
-
-from pipeline import faults, schema
-from pipeline.datasets import read_parquet_files
+from tkg.pipeline import faults, schema
+from tkg.pipeline.datasets import read_parquet_files
 
 if TYPE_CHECKING:
     from ray.data import Dataset
-
-    from pipeline.stages import RunContext, Stage
+    from tkg.pipeline.context import RunContext, Stage
 
 log = logging.getLogger("tkg.resume")
 CHUNKS = "_chunks"

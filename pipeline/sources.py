@@ -18,9 +18,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from pipeline import schema
-from pipeline.config import GROUP_ID_PATTERN, LimitsConfig
+from tkg.pipeline import schema
+from tkg.pipeline.config import GROUP_ID_PATTERN, LimitsConfig
 
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
 PARQUET_SUFFIXES = {".parquet", ".pq"}

@@ -1,6 +1,6 @@
 """The build as named steps in a registry: each a function from Ray datasets to Ray datasets.
 
-The runner (`pipeline.build`) materializes every output under `STORE/work/<run_id>/<stage>/`,
+The runner (`tkg.pipeline.build`) materializes every output under `STORE/work/<run_id>/<stage>/`,
 so a stage sees only finished tables and a rerun can resume after the last finished stage.
 Keys of heavy work (conversations, entity names, edges) are shuffled with group_id in the
 key, so memory per worker is bounded by the largest block, never by the dataset.
@@ -9,9 +9,7 @@ key, so memory per worker is bounded by the largest block, never by the dataset.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -20,55 +18,16 @@ import pyarrow.compute as pc
 import ray
 import ray.data
 from ray.data import ActorPoolStrategy, Dataset
-
-from pipeline import communities, facts, faults, resolve, schema, sources
-from pipeline.config import TkgConfig
-from pipeline.datasets import read_parquet_files
-from pipeline.embed import EmbedColumn
-from pipeline.extract import EpisodeInput, build_extractor
-from pipeline.extract.llm import dataset_extractor
-from pipeline.extract.records import record_text
-from pipeline.llm.usage import count_llm, take_usage, usage_snapshot, with_usage
-from pipeline.resume import resumable
-
-
-@dataclass
-class RunContext:
-    config: TkgConfig
-    run_id: str
-    created_at: datetime
-    files: list[Path]
-    work_dir: Path
-    dim: int
-    cpus: int
-    previous: Path | None = None  # the snapshot an incremental run builds on
-    counters: dict[str, int] = field(default_factory=dict)
-    outputs: dict[str, Path] = field(default_factory=dict)  # finished stage outputs
-
-    @property
-    def partitions(self) -> int:
-        """Hash-shuffle partitions for groupbys and joins."""
-        return self.config.ray.shuffle_partitions or 2 * self.cpus
-
-    def partitions_for(self, rows: int) -> int:
-        """More partitions for big shuffles, so one block (one task's memory) stays near
-        `ray.rows_per_partition` rows whatever the input size."""
-        return max(self.partitions, math.ceil(rows / self.config.ray.rows_per_partition))
-
-    def count(self, name: str, value: int) -> None:
-        self.counters[name] = self.counters.get(name, 0) + int(value)
-
-
-StageFn = Callable[[RunContext, dict[str, Dataset]], dict[str, Dataset]]
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    run: StageFn
-    model: bool = False  # a model stage (extraction, embedding): reported apart in benchmarks
+from tkg.pipeline import communities, facts, faults, resolve, schema, sources
+from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.context import RunContext, Stage
+from tkg.pipeline.datasets import read_parquet_files
+from tkg.pipeline.embed import EmbedColumn
+from tkg.pipeline.extract import EpisodeInput, build_extractor
+from tkg.pipeline.extract.llm import dataset_extractor
+from tkg.pipeline.extract.records import record_text
+from tkg.pipeline.llm.usage import count_llm, take_usage, usage_snapshot, with_usage
+from tkg.pipeline.resume import resumable
 
 
 def previous_table(ctx: RunContext, table: str) -> Dataset | None:
@@ -303,13 +262,13 @@ class AdjudicateBatch:
     """Ray Data UDF: the configured judge (built once per actor) decides undecided pairs."""
 
     def __init__(self, config: TkgConfig) -> None:
-        from pipeline.adjudicate import build_judge
+        from tkg.pipeline.adjudicate import build_judge
 
         self.judge = build_judge(config)
         self.batch_size = config.resolve.adjudicate_batch
 
     def __call__(self, pairs: pa.Table) -> pa.Table:
-        from pipeline.adjudicate import adjudicate
+        from tkg.pipeline.adjudicate import adjudicate
 
         before = usage_snapshot(self.judge)
         judged = adjudicate(pairs, self.judge, self.batch_size)[0]
@@ -374,7 +333,7 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     edges = shuffled(rows, ["edge_id"], facts.merge_facts, ctx, ctx.created_at)
     checked = shuffled(edges, ["group_id", "source_entity_id"], facts.invalidate, ctx, config)
     if ctx.config.llm.backend != "none" and ctx.config.llm.judge_invalidation:
-        from pipeline.llm.judges import judge_invalidations  # what the rules left undecided
+        from tkg.pipeline.llm.judges import judge_invalidations  # what the rules left undecided
 
         checked = judge_invalidations(ctx, checked)
     checked = checked.materialize()  # feeds the summaries and the stage output

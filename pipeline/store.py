@@ -26,8 +26,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-from pipeline import schema
+from tkg.pipeline import schema
 
 MANIFEST = "manifest.json"
 CATALOG = "catalog.duckdb"

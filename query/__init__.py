@@ -1,5 +1,5 @@
-"""Retrieval over a published store: `query.open(store).search(...)` / `.context(...)`."""
+"""Retrieval over a published store: `tkg.query.open(store).search(...)` / `.context(...)`."""
 
-from query.api import Retriever, SearchResult, open
+from tkg.query.api import Retriever, SearchResult, open
 
 __all__ = ["Retriever", "SearchResult", "open"]

@@ -1,4 +1,4 @@
-"""`query.open(store)`: f(q) = constructor(rerank(search(q))) over the current snapshot.
+"""`tkg.query.open(store)`: f(q) = constructor(rerank(search(q))) over the current snapshot.
 
 The retriever opens a snapshot once (LanceDB tables, row metadata, graph arrays) and keeps
 it until `STORE/CURRENT` changes: each call stats that one small file (and reads it only
@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from pipeline import store
-from pipeline.config import EmbedConfig, QueryConfig
-from query import rerank
-from query.context import build_context
-from query.recipes import Part, Recipe, get_recipe
-from query.search import (
+from tkg.pipeline import store
+from tkg.pipeline.config import EmbedConfig, QueryConfig
+from tkg.query import rerank
+from tkg.query.context import build_context
+from tkg.query.recipes import Part, Recipe, get_recipe
+from tkg.query.search import (
     Filters,
     Hits,
     Scope,
@@ -44,7 +43,7 @@ from query.search import (
     vectors_of,
     with_labels,
 )
-from query.snapshot import QueryError, Snapshot, open_snapshot, snapshot_config
+from tkg.query.snapshot import QueryError, Snapshot, open_snapshot, snapshot_config
 
 KINDS = ("facts", "entities", "communities", "episodes")
 ENTITY_PROVENANCE = 2  # newest episodes cited per top entity
@@ -110,7 +109,7 @@ _EMBEDDERS_LOCK = threading.Lock()
 def snapshot_embedder(manifest: dict[str, Any]) -> Any:
     """The embedder the snapshot was built with (model and dim from its manifest), loaded
     once per process."""
-    from pipeline.embed import BACKENDS
+    from tkg.pipeline.embed import BACKENDS
 
     embedding = manifest.get("embedding") or {}
     try:
@@ -475,6 +474,6 @@ def _iso(moment: datetime | None) -> str | None:
 
 def open(store_dir: str | Path, embedder: Any = None, config: QueryConfig | None = None,
          cross_encoder: Any = None) -> Retriever:
-    """Open a store for retrieval (`query.open(store)`); `embedder` overrides the one in the
+    """Open a store for retrieval (`tkg.query.open(store)`); `embedder` overrides the one in the
     snapshot's manifest (benchmarks use a synthetic one)."""
     return Retriever(store_dir, embedder=embedder, config=config, cross_encoder=cross_encoder)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from query.context import build_context
-from query.recipes import BASELINE
+from tkg.query.context import build_context
+from tkg.query.recipes import BASELINE
 
 STOPWORDS = frozenset((
     "a", "an", "and", "are", "at", "be", "did", "do", "for", "i", "in", "is", "it", "my", "of",

@@ -16,7 +16,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.config import GROUP_ID_PATTERN
+from tkg.pipeline.config import GROUP_ID_PATTERN
 
 PREFIX = "tkg_"
 

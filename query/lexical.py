@@ -23,26 +23,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from tkg.pipeline.index import STOP_WORDS  # the index owns its tokenizer settings
 
 K1, B = 1.2, 0.75
 MAX_TOKEN_BYTES = 40  # tokens of this many UTF-8 bytes or more are not indexed
 SEPARATOR = r"[^\p{L}\p{N}]+"  # (RE2 syntax: Arrow splits the texts)
 WORD = re.compile(r"[^\W_]+")  # the same words in Python's syntax (for query text)
 
-# The English stop words LanceDB 0.40 drops by default (NLTK's list, as tokens: "don't" is
-# "don" + "t"), passed to the index at publish so both agree whatever the default becomes.
-_STOP_TEXT = """
-a about above after again against ain all am an and any are aren as at be because been
-before being below between both but by can couldn d did didn do does doesn doing don down
-during each few for from further had hadn has hasn have haven having he her here hers
-herself him himself his how i if in into is isn it its itself just ll m ma me mightn more
-most mustn my myself needn no nor not now o of off on once only or other our ours
-ourselves out over own re s same shan she should shouldn so some such t than that the
-their theirs them themselves then there these they this those through to too under until
-up ve very was wasn we were weren what when where which while who whom why will with won
-wouldn y you your yours yourself yourselves
-"""
-STOP_WORDS: tuple[str, ...] = tuple(_STOP_TEXT.split())
 _STOP = frozenset(STOP_WORDS)
 
 

@@ -20,10 +20,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-
-from pipeline.config import GROUP_ID_PATTERN, QueryConfig
-from query.index import PAST
-from query.snapshot import Kind, QueryError, Snapshot
+from tkg.pipeline.config import GROUP_ID_PATTERN, QueryConfig
+from tkg.pipeline.index import PAST
+from tkg.query.snapshot import Kind, QueryError, Snapshot
 
 RELATION_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,127}")
 LABEL_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
@@ -204,7 +203,7 @@ def text_spans(snapshot: Snapshot, kind: str, scope: Scope) -> Spans | None:
 
 def memory_bm25(snapshot: Snapshot, kind: str, text: str, scope: Scope, limit: int,
                 spans: Spans | None = None) -> Hits | None:
-    """The same ranking as `bm25` from the postings kept in memory (`query.lexical`), over
+    """The same ranking as `bm25` from the postings kept in memory (`tkg.query.lexical`), over
     the rows of the caller's groups only (`text_spans`), filtered by the in-memory twin of
     `where`; equal scores rank the more recent fact or episode first. None where
     `text_spans` is None."""

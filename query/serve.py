@@ -49,13 +49,12 @@ from prometheus_client import (
     generate_latest,
 )
 from pydantic import BaseModel, ConfigDict, Field
-
-from pipeline import store
-from pipeline.config import ServeConfig
-from query import keys as api_keys
-from query.api import Retriever
-from query.recipes import get_recipe
-from query.snapshot import QueryError, open_snapshot
+from tkg.pipeline import store
+from tkg.pipeline.config import ServeConfig
+from tkg.query import keys as api_keys
+from tkg.query.api import Retriever
+from tkg.query.recipes import get_recipe
+from tkg.query.snapshot import QueryError, open_snapshot
 
 log = logging.getLogger("tkg.serve")
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -225,7 +224,7 @@ def _search_args(body: BaseModel) -> dict[str, Any]:
 
 
 def get_recipe_default() -> Any:
-    from query.recipes import DEFAULT
+    from tkg.query.recipes import DEFAULT
 
     return get_recipe(DEFAULT)
 

@@ -10,11 +10,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from pipeline import store
-from pipeline.config import QueryConfig
-from query.index import LANCE_DIR, SPECS, read_published
-from query.lexical import TermIndex
+from tkg.pipeline import store
+from tkg.pipeline.config import QueryConfig
+from tkg.pipeline.index import LANCE_DIR, SPECS, read_published
+from tkg.query.lexical import TermIndex
 
 
 class QueryError(ValueError):
@@ -129,7 +128,7 @@ def snapshot_config(manifest: dict[str, Any]) -> QueryConfig:
 def open_snapshot(snapshot: Path, config: QueryConfig | None = None) -> Snapshot:
     """Open a published snapshot's retrieval tables (they are built at publish); tables
     whose groups are small enough for an exact in-memory scan keep their vectors, and
-    tables small enough keep BM25 postings (`query.lexical`)."""
+    tables small enough keep BM25 postings (`tkg.query.lexical`)."""
     import lancedb
 
     manifest = store.read_manifest(snapshot)

@@ -22,7 +22,7 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 def config():
     """The embedded default, sized for tiny test inputs on 2 cores: one actor per model
     (actor start-up, not compute, dominates there) and two shuffle partitions."""
-    from pipeline.config import load_config
+    from tkg.pipeline.config import load_config
 
     base = load_config(ROOT / "configs" / "local.yaml")
     return base.model_copy(update={
@@ -37,8 +37,7 @@ def config():
 def ray_session(config):
     """One local Ray for the whole test session (starting Ray costs seconds)."""
     import ray
-
-    from pipeline.build import init_ray
+    from tkg.pipeline.build import init_ray
 
     init_ray(config.model_copy(update={"ray": config.ray.model_copy(update={"num_cpus": 2})}))
     yield
@@ -53,7 +52,7 @@ def expected() -> dict:
 @pytest.fixture(scope="session")
 def corpus_build(ray_session, config, tmp_path_factory):
     """The sample corpus built into a fresh store."""
-    from pipeline.build import build
+    from tkg.pipeline.build import build
 
     store = tmp_path_factory.mktemp("corpus-store")
     return build(config, [str(CORPUS)], store, run_id="corpus-1")
@@ -62,8 +61,7 @@ def corpus_build(ray_session, config, tmp_path_factory):
 @pytest.fixture(scope="session")
 def corpus_db(corpus_build):
     import duckdb
-
-    from pipeline.store import CATALOG
+    from tkg.pipeline.store import CATALOG
 
     with duckdb.connect(str(corpus_build.snapshot / CATALOG), read_only=True) as con:
         yield con

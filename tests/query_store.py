@@ -9,9 +9,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from pipeline import schema, store
-from pipeline.config import QueryConfig, TkgConfig
+from tkg.pipeline import schema, store
+from tkg.pipeline.config import QueryConfig, TkgConfig
 
 T1 = datetime(2025, 1, 10, tzinfo=UTC)  # first run: Ana lives in Porto
 T2 = datetime(2025, 6, 10, tzinfo=UTC)  # second run: she moved to Lisbon in March 2024
@@ -66,7 +65,7 @@ def _write(snapshot: Path, name: str, rows: list[dict], table_schema: pa.Schema)
 
 def build_store(root: Path, embedder) -> Path:
     """Write the snapshot, its retrieval indexes and manifest, and publish it."""
-    from query.index import build_indexes
+    from tkg.pipeline.index import build_indexes
 
     dim = embedder.dim
     snapshot = store.prepare_snapshot(root, "tiny-1")
@@ -116,8 +115,8 @@ def synthetic_snapshot(root: Path, seed: int) -> tuple[dict[str, pa.Table], Any,
     """The benchmark's synthetic store (3,000 facts, 3 groups, 32-d), opened: its tables,
     topic centroids, snapshot and config. No vector index, so LanceDB searches exactly too
     (what the in-memory twins are compared with)."""
-    from jobs.bench_query import synth_tables, write_store
-    from query.snapshot import open_snapshot
+    from tkg.jobs.bench_query import synth_tables, write_store
+    from tkg.query.snapshot import open_snapshot
 
     config = QueryConfig(ann_min_rows=10**9)
     tables, centroids = synth_tables(3_000, 32, 3, seed=seed)
@@ -128,7 +127,7 @@ def synthetic_snapshot(root: Path, seed: int) -> tuple[dict[str, pa.Table], Any,
 def twin_scopes() -> list[Any]:
     """Scopes an in-memory search must honour as LanceDB's prefilter does: one group, two
     groups, a past point of both timelines, a valid-time window."""
-    from query import search
+    from tkg.query import search
 
     return [search.make_scope(["g000"]), search.make_scope(["g001", "g002"]),
             search.make_scope(["g000"], as_of="2021-06-01", known_at="2024-06-01"),

@@ -6,11 +6,10 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
-
-from jobs.bench_resolution import SyntheticVectors, pairwise_scores, synthetic_mentions
-from pipeline import resolve
-from pipeline.adjudicate import NamePair, adjudicate
-from pipeline.config import ResolveConfig
+from tkg.jobs.bench_resolution import SyntheticVectors, pairwise_scores, synthetic_mentions
+from tkg.pipeline import resolve
+from tkg.pipeline.adjudicate import NamePair, adjudicate
+from tkg.pipeline.config import ResolveConfig
 
 
 def test_pairwise_scores_count_pairs_from_the_contingency_table():

@@ -7,9 +7,9 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline import schema
-from pipeline.build import build
-from pipeline.resolve import entity_id
+from tkg.pipeline import schema
+from tkg.pipeline.build import build
+from tkg.pipeline.resolve import entity_id
 
 CORPUS = Path(__file__).parent / "corpus"
 
@@ -203,7 +203,7 @@ def test_episodes_keep_their_content(corpus_db):
 
 
 def test_stats_cli_reads_the_store(corpus_build, capsys):
-    from jobs.cli import main
+    from tkg.jobs.cli import main
 
     store_dir = corpus_build.snapshot.parent.parent
     assert main(["stats", "--store", str(store_dir), "--json"]) == 0

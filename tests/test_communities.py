@@ -12,10 +12,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-
-from pipeline import communities as C
-from pipeline import schema
-from pipeline.config import CommunitiesConfig
+from tkg.pipeline import communities as C
+from tkg.pipeline import schema
+from tkg.pipeline.config import CommunitiesConfig
 
 TS = pa.timestamp("us", tz="UTC")
 NOW = datetime(2024, 11, 1, tzinfo=UTC)
@@ -321,7 +320,7 @@ def test_corpus_communities_are_consistent_and_within_their_group(corpus_build, 
 
 
 def snapshot_tables(snapshot: Path) -> dict[str, pa.Table]:
-    from jobs.refresh_communities import INPUT_COLUMNS, read_table
+    from tkg.jobs.refresh_communities import INPUT_COLUMNS, read_table
 
     return {name: read_table(snapshot, name) for name in INPUT_COLUMNS}
 
@@ -329,8 +328,8 @@ def snapshot_tables(snapshot: Path) -> dict[str, pa.Table]:
 def test_corpus_rerun_gives_identical_communities(corpus_build):
     """Label propagation again over the published tables (the refresh job's path) gives the
     stage's communities exactly: same ids, members, names and summaries; no drift."""
-    from jobs.refresh_communities import refresh_tables
-    from pipeline.config import TkgConfig
+    from tkg.jobs.refresh_communities import refresh_tables
+    from tkg.pipeline.config import TkgConfig
 
     tables = snapshot_tables(corpus_build.snapshot)
     columns = ["community_id", "group_id", "name", "summary", "size", "members"]
@@ -351,8 +350,8 @@ def test_refresh_job_publishes_a_new_snapshot(corpus_build, tmp_path):
     tables hard-linked, the same communities (nothing drifted), CURRENT switched."""
     import shutil
 
-    from jobs.cli import main
-    from pipeline import store
+    from tkg.jobs.cli import main
+    from tkg.pipeline import store
 
     copy = tmp_path / "store"
     shutil.copytree(corpus_build.snapshot.parents[1], copy, copy_function=os.link,

@@ -2,8 +2,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-
-from pipeline.config import TkgConfig, load_config
+from tkg.pipeline.config import TkgConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

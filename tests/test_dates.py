@@ -1,8 +1,7 @@
 from datetime import UTC, datetime
 
 import pytest
-
-from pipeline.extract.dates import marks_end, resolve_date
+from tkg.pipeline.extract.dates import marks_end, resolve_date
 
 T_REF = datetime(2024, 10, 15, 9, 0, tzinfo=UTC)
 

@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-
-from jobs import docs
-from jobs.cli import main
-from pipeline.config import TkgConfig
+from tkg.jobs import docs
+from tkg.jobs.cli import main
+from tkg.pipeline.config import TkgConfig
 
 
 def test_config_reference_is_current():
@@ -99,8 +98,7 @@ def test_readme_runnable_blocks(readme_cwd):
     blocks = runnable_blocks(README.read_text())
     assert blocks, f"README.md has no {MARKER} blocks"
     import duckdb
-
-    from pipeline.store import connect
+    from tkg.pipeline.store import connect
 
     failures = []
     for language, code in blocks:

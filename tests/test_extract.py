@@ -6,10 +6,9 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-
-from pipeline.extract import EpisodeInput, build_extractor
-from pipeline.extract.base import relation_name
-from pipeline.extract.records import extract_record, label_of, record_text
+from tkg.pipeline.extract import EpisodeInput, build_extractor
+from tkg.pipeline.extract.base import relation_name
+from tkg.pipeline.extract.records import extract_record, label_of, record_text
 
 T_REF = datetime(2024, 10, 11, 9, 35, tzinfo=UTC)
 

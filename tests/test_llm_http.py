@@ -9,11 +9,10 @@ import socket
 import pytest
 from llm_server import MALFORMED, RecordedLLM, load_recorded
 from test_llm_parse import corpus_messages
-
-from pipeline.config import LlmConfig, TkgConfig
-from pipeline.extract.llm import LlmExtractor
-from pipeline.llm.base import ChatRequest
-from pipeline.llm.openai import OpenAIChat
+from tkg.pipeline.config import LlmConfig, TkgConfig
+from tkg.pipeline.extract.llm import LlmExtractor
+from tkg.pipeline.llm.base import ChatRequest
+from tkg.pipeline.llm.openai import OpenAIChat
 
 KEY = "Good morning team. Let's plan the Q1 accounts today."
 
@@ -69,7 +68,7 @@ def test_extractor_over_a_conversation_with_faults():
 def test_records_cost_no_call():
     from datetime import UTC, datetime
 
-    from pipeline.extract.base import EpisodeInput
+    from tkg.pipeline.extract.base import EpisodeInput
 
     record = EpisodeInput("r", "acme", "json", '{"customer_id": "CUST-001", "name": "Initech"}',
                           datetime(2024, 1, 2, tzinfo=UTC), source="crm.customers")
@@ -159,7 +158,7 @@ def test_unset_environment_says_what_to_export(monkeypatch):
 def test_openai_yaml_uses_the_environment(monkeypatch):
     from pathlib import Path
 
-    from pipeline.config import load_config
+    from tkg.pipeline.config import load_config
 
     monkeypatch.setenv("TKG_LLM_BASE_URL", "http://gpu-box:8000/v1")
     monkeypatch.setenv("TKG_LLM_MODEL", "Qwen/Qwen3-8B")

@@ -10,10 +10,9 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 from llm_server import RecordedLLM
-
-from pipeline import facts, schema
-from pipeline.config import FactsConfig, TkgConfig
-from pipeline.llm.prompting import load_prompt
+from tkg.pipeline import facts, schema
+from tkg.pipeline.config import FactsConfig, TkgConfig
+from tkg.pipeline.llm.prompting import load_prompt
 
 
 def key(template: str) -> str:
@@ -28,7 +27,7 @@ def config_for(server, **llm) -> TkgConfig:
 
 
 def test_ambiguous_pairs_are_judged_in_batches():
-    from pipeline.adjudicate import adjudicate, build_judge
+    from tkg.pipeline.adjudicate import adjudicate, build_judge
 
     answer = {"decisions": [{"id": 0, "same": True}, {"id": 1, "same": False}]}
     recorded = {key("judge_pairs"): {"completion": json.dumps(answer)}}
@@ -78,7 +77,7 @@ def test_invalidation_candidates_and_judged_endings():
                                                                         ("b", "c")]
     answer = {"decisions": [{"id": 0, "ends": True}, {"id": 1, "ends": False}]}
     with RecordedLLM({key("judge_invalidation"): {"completion": json.dumps(answer)}}) as server:
-        from pipeline.llm.judges import LlmInvalidationJudge
+        from tkg.pipeline.llm.judges import LlmInvalidationJudge
 
         judge = LlmInvalidationJudge(config_for(server, judge_batch_size=20))
         ends = judge.ends([{"older": {"fact": c["old_fact"]}, "newer": {"fact": c["new_fact"]}}
@@ -96,7 +95,7 @@ def test_unusable_judgement_decides_nothing():
     recorded = {key("judge_invalidation"): {"plan": ["malformed", "malformed"],
                                             "completion": "{}"}}
     with RecordedLLM(recorded) as server:
-        from pipeline.llm.judges import LlmInvalidationJudge
+        from tkg.pipeline.llm.judges import LlmInvalidationJudge
 
         judge = LlmInvalidationJudge(config_for(server))
         assert judge.ends([{"older": {}, "newer": {}}]) == [None]
@@ -104,8 +103,8 @@ def test_unusable_judgement_decides_nothing():
 
 
 def test_community_summaries_map_reduce():
-    from pipeline.communities import CommunityDigest, MemberDigest
-    from pipeline.llm.judges import LlmSummarizer
+    from tkg.pipeline.communities import CommunityDigest, MemberDigest
+    from tkg.pipeline.llm.judges import LlmSummarizer
 
     def digest(cid, names, facts_):
         members = tuple(MemberDigest(n.lower(), n, None, 1.0) for n in names)
@@ -140,9 +139,8 @@ def test_usage_of_judges_in_actors_reaches_the_run_counters(ray_session):
     """AdjudicateBatch runs in a Ray actor: its judge's calls come back as `llm_*` columns
     on the pairs and the stage counts and drops them (pipeline.llm.usage)."""
     import ray.data
-
-    from pipeline.llm.base import Completion, Usage
-    from pipeline.llm.usage import take_usage, usage_snapshot, with_usage
+    from tkg.pipeline.llm.base import Completion, Usage
+    from tkg.pipeline.llm.usage import take_usage, usage_snapshot, with_usage
 
     class Owner:
         usage = Usage()

@@ -9,17 +9,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-
-from pipeline.extract.base import EpisodeInput
-from pipeline.llm.parse import ParseError, load_json_object, parse_decisions, parse_extraction
-from pipeline.llm.prompting import (
+from tkg.pipeline.extract.base import EpisodeInput
+from tkg.pipeline.llm.parse import ParseError, load_json_object, parse_decisions, parse_extraction
+from tkg.pipeline.llm.prompting import (
     extraction_request,
     load_prompt,
     prompt_set_version,
     reflexion_request,
     retry_request,
 )
-from pipeline.llm.schemas import EXTRACTION_SCHEMA
+from tkg.pipeline.llm.schemas import EXTRACTION_SCHEMA
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 RECORDED = json.loads((Path(__file__).resolve().parent / "llm_recorded" / "acme_conv.json")

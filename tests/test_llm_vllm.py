@@ -11,11 +11,10 @@ import pyarrow as pa
 import pytest
 from llm_server import MALFORMED, load_recorded
 from test_llm_parse import corpus_messages
-
-from pipeline.config import TkgConfig
-from pipeline.llm.prompting import extraction_request
-from pipeline.llm.schemas import EXTRACTION_SCHEMA
-from pipeline.llm.vllm import (
+from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.llm.prompting import extraction_request
+from tkg.pipeline.llm.schemas import EXTRACTION_SCHEMA
+from tkg.pipeline.llm.vllm import (
     EPISODE_COLUMNS,
     postprocess_row,
     preprocess_row,
@@ -28,7 +27,7 @@ RECORDED = load_recorded("acme_conv.json")
 
 @pytest.fixture(scope="module")
 def vllm_config():
-    from pipeline.embed import model_path
+    from tkg.pipeline.embed import model_path
 
     return TkgConfig.model_validate({"extract": {"backend": "llm"}, "llm": {
         "backend": "vllm", "max_tokens": 1024,
@@ -60,7 +59,7 @@ def test_processor_config(vllm_config):
 
 
 def test_processor_is_built_without_a_gpu(ray_session, vllm_config):
-    from pipeline.llm.vllm import build_extract_processor
+    from tkg.pipeline.llm.vllm import build_extract_processor
 
     processor = build_extract_processor(vllm_config)
     assert list(processor.stages) == ["ChatTemplateStage", "TokenizeStage", "vLLMEngineStage",
@@ -124,8 +123,7 @@ def test_two_pass_composition_with_recorded_answers(ray_session, rows, vllm_conf
     answers (the real preprocess and postprocess around it): records mapped without a call,
     texts answered, the malformed one asked again and then given up."""
     import ray.data
-
-    from pipeline.llm.vllm import vllm_extract
+    from tkg.pipeline.llm.vllm import vllm_extract
 
     answers: dict[str, list[str]] = {k: [MALFORMED[0], MALFORMED[1]] if v.get("plan") == [
         "malformed", "malformed"] else ([MALFORMED[0]] if v.get("plan") == ["malformed"] else [])

@@ -1,4 +1,4 @@
-"""`query.open` on a tiny hand-built store (no Ray): both timelines, tenancy, hostile input,
+"""`tkg.query.open` on a tiny hand-built store (no Ray): both timelines, tenancy, hostile input,
 the JSON shape, snapshot switching, the context budget."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import json
 import shutil
 
 import pytest
+from tkg.query.search import Filters, make_scope, where
+from tkg.query.snapshot import QueryError
 
-from query.search import Filters, make_scope, where
-from query.snapshot import QueryError
 from tests.query_store import T1, T2, build_store, eid
 
 FACT_KEYS = ["edge_id", "fact", "relation", "source", "target", "valid_at", "invalid_at",
@@ -18,15 +18,15 @@ FACT_KEYS = ["edge_id", "fact", "relation", "source", "target", "valid_at", "inv
 
 @pytest.fixture(scope="module")
 def embedder():
-    from pipeline.config import TkgConfig
-    from query.api import snapshot_embedder
+    from tkg.pipeline.config import TkgConfig
+    from tkg.query.api import snapshot_embedder
 
     return snapshot_embedder({"config": TkgConfig().model_dump(), "embedding": {}})
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, embedder):
-    import query
+    from tkg import query
 
     root = build_store(tmp_path_factory.mktemp("tiny-store"), embedder)
     return query.open(root)
@@ -166,7 +166,7 @@ def test_context_respects_the_budget_and_shows_date_ranges(tiny):
     assert "<EPISODES>" in text and "[m1, 2024-01-05] Ana Silva lives in Porto." in text
     now = tiny.context("Where does Ana Silva live?", ["g1"])
     assert "Ana Silva moved to Lisbon. (Date range: 2024-03-01 - present)" in now
-    from query.context import tokens
+    from tkg.query.context import tokens
 
     for budget in (60, 120, 400):
         small = tiny.context("Where does Ana Silva live?", ["g1"], max_tokens=budget)
@@ -174,8 +174,9 @@ def test_context_respects_the_budget_and_shows_date_ranges(tiny):
 
 
 def test_a_new_snapshot_is_picked_up_without_reopening(tmp_path, embedder):
-    import query
-    from pipeline import store
+    from tkg.pipeline import store
+
+    from tkg import query
 
     root = build_store(tmp_path / "s", embedder)
     retriever = query.open(root)

@@ -7,11 +7,11 @@ import contextlib
 import io
 import json
 
-from pipeline.config import QueryConfig
+from tkg.pipeline.config import QueryConfig
 
 
 def test_bench_query_reports_latency_figures(tmp_path):
-    from jobs.cli import main
+    from tkg.jobs.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -28,8 +28,9 @@ def test_bench_query_reports_latency_figures(tmp_path):
 
 
 def test_ivf_tables_answer_within_their_group(tmp_path):
-    import query
-    from jobs.bench_query import SyntheticEmbedder, synth_tables, write_store
+    from tkg.jobs.bench_query import SyntheticEmbedder, synth_tables, write_store
+
+    from tkg import query
 
     config = QueryConfig(ann_min_rows=1_000, ann_rows_per_partition=256, nprobes=4,
                          exact_scan_rows=0)  # every vector search through LanceDB
@@ -52,8 +53,9 @@ def test_ivf_tables_answer_within_their_group(tmp_path):
 def test_exact_scan_in_memory_ranks_as_lancedb_does(tmp_path):
     """The in-memory exact scan returns what LanceDB's exact search returns, for every
     kind, group set and point in both timelines (it only saves the index call)."""
-    from jobs.bench_query import SyntheticEmbedder
-    from query import search
+    from tkg.jobs.bench_query import SyntheticEmbedder
+    from tkg.query import search
+
     from tests.query_store import synthetic_snapshot, twin_scopes
 
     tables, centroids, snap, config = synthetic_snapshot(tmp_path, seed=2)

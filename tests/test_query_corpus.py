@@ -16,7 +16,7 @@ from tests.conftest import CORPUS
 
 @pytest.fixture(scope="module")
 def retriever(corpus_build):
-    import query
+    from tkg import query
 
     return query.open(corpus_build.snapshot.parent.parent)
 
@@ -104,7 +104,7 @@ def test_nothing_from_the_other_tenant(retriever, corpus_db, expected, group, ot
 
 
 def test_cli_search_prints_the_json_object(corpus_build):
-    from jobs.cli import main
+    from tkg.jobs.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -125,8 +125,8 @@ def test_cli_search_prints_the_json_object(corpus_build):
 
 
 def test_default_recipe_beats_the_flat_baseline(retriever):
-    from query.eval import evaluate, load_questions
-    from query.recipes import BASELINE, DEFAULT
+    from tkg.query.eval import evaluate, load_questions
+    from tkg.query.recipes import BASELINE, DEFAULT
 
     questions = load_questions(CORPUS.parent / "questions" / "corpus.jsonl")
     assert len(questions) >= 25

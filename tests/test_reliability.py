@@ -19,11 +19,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from pipeline import faults, reliability, schema, store
-from pipeline.build import build
-from pipeline.faults import InjectedCrash
-from pipeline.stages import STAGES
+from tkg.pipeline import faults, reliability, schema, store
+from tkg.pipeline.build import build
+from tkg.pipeline.faults import InjectedCrash
+from tkg.pipeline.stages import STAGES
 
 CORPUS = Path(__file__).parent / "corpus"
 VARYING = {"created_at", "run_id", "expired_at"}  # build time: differs between two runs
@@ -238,7 +237,7 @@ def _fake_snapshot(store_dir: Path, run_id: str, mtime: int, runs: list[str] = (
 
 
 def test_gc_keeps_current_the_newest_and_what_running_builds_need(tmp_path, capsys):
-    from jobs.cli import main
+    from tkg.jobs.cli import main
 
     root = tmp_path / "store"
     for i, run in enumerate(["r1", "r2", "r3", "r4", "r5"]):
@@ -283,7 +282,7 @@ def test_fault_specs_are_inert_unless_named(monkeypatch):
 def test_chunks_are_stable_and_balanced():
     """A resumed run must split episodes exactly as the crashed one did: the chunk of an id
     is a hash that does not depend on the process (unlike Python's salted `hash`)."""
-    from pipeline.resume import bucket_of
+    from tkg.pipeline.resume import bucket_of
 
     ids = [schema.stable_id("g", str(i)) for i in range(4_000)]
     buckets = [bucket_of(i, 4) for i in ids]

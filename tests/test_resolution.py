@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-
-from pipeline import schema
-from pipeline.config import ResolveConfig
-from pipeline.resolve import (
+from tkg.pipeline import schema
+from tkg.pipeline.config import ResolveConfig
+from tkg.pipeline.resolve import (
     blocking_keys,
     candidate_pairs,
     cluster,

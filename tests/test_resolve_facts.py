@@ -2,11 +2,10 @@ from collections import Counter
 from datetime import UTC, datetime
 
 import pyarrow as pa
-
-from pipeline import schema
-from pipeline.config import FactsConfig
-from pipeline.facts import fact_mentions, fact_rows, merge_facts
-from pipeline.resolve import (
+from tkg.pipeline import schema
+from tkg.pipeline.config import FactsConfig
+from tkg.pipeline.facts import fact_mentions, fact_rows, merge_facts
+from tkg.pipeline.resolve import (
     alias_rows,
     entity_id,
     episode_mentions,
@@ -107,7 +106,7 @@ def test_same_fact_in_other_words_is_one_edge_with_both_episodes():
 
 
 def test_entity_summaries_list_the_best_attested_facts_that_still_hold():
-    from pipeline.facts import entity_summaries, summary_sources
+    from tkg.pipeline.facts import entity_summaries, summary_sources
 
     t = datetime(2024, 1, 1, tzinfo=UTC)
     edges = pa.Table.from_pylist([

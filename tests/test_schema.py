@@ -1,7 +1,6 @@
 import pyarrow as pa
 import pytest
-
-from pipeline import schema
+from tkg.pipeline import schema
 
 
 @pytest.mark.parametrize("name", list(schema.PUBLISHED))
@@ -44,7 +43,7 @@ def test_stable_id_is_deterministic_and_separated():
 
 
 def test_work_tables_cover_every_stage_output():
-    from pipeline.stages import STAGES
+    from tkg.pipeline.stages import STAGES
 
     outputs = {name for stage in STAGES for name in stage.outputs}
     assert outputs <= set(schema.WORK_TABLES)

@@ -15,12 +15,11 @@ from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient
-
-from jobs.bench_serve import publish_copy
-from pipeline import store
-from pipeline.config import ServeConfig
-from query import keys as api_keys
-from query.serve import check_bind, create_app
+from tkg.jobs.bench_serve import publish_copy
+from tkg.pipeline import store
+from tkg.pipeline.config import ServeConfig
+from tkg.query import keys as api_keys
+from tkg.query.serve import check_bind, create_app
 
 ACME_WORDS = ["Maria Lopez", "Initech", "Globex", "Alice Chen", "Paris"]
 HOUSEHOLD_WORDS = ["Helen Walker", "Lisbon", "Riverside Elementary", "Alice Walker", "Bristol"]
@@ -263,7 +262,7 @@ def test_keys_are_hashed_at_rest(served):
 
 
 def test_without_keys_only_loopback(capsys):
-    from jobs.cli import main
+    from tkg.jobs.cli import main
 
     check_bind("127.0.0.1", None)
     check_bind("::1", None)
@@ -281,10 +280,9 @@ def test_retrieval_processes_answer_count_and_switch(tmp_path):
     import time
 
     import httpx
-
-    from jobs.bench_query import synth_tables, write_store
-    from jobs.bench_serve import _serving, start_server
-    from pipeline.config import QueryConfig
+    from tkg.jobs.bench_query import synth_tables, write_store
+    from tkg.jobs.bench_serve import _serving, start_server
+    from tkg.pipeline.config import QueryConfig
 
     tables, _ = synth_tables(2_000, 32, 2, seed=5)
     write_store(tmp_path, tables, 32, QueryConfig(), seed=5)

@@ -8,10 +8,9 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from pipeline import schema
-from pipeline.config import LimitsConfig
-from pipeline.sources import (
+from tkg.pipeline import schema
+from tkg.pipeline.config import LimitsConfig
+from tkg.pipeline.sources import (
     InputError,
     RecordError,
     discover,
@@ -201,8 +200,7 @@ def test_window_drops_redeliveries_and_rejects_conflicting_ids():
 
 def test_object_storage_urls_are_refused_with_advice():
     import pytest
-
-    from pipeline.sources import InputError, discover
+    from tkg.pipeline.sources import InputError, discover
 
     with pytest.raises(InputError, match="Mount the bucket"):
         discover(["s3://bucket/in"])

@@ -4,8 +4,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from pipeline import schema, store
+from tkg.pipeline import schema, store
 
 
 def test_group_parts_and_empty_tables_are_readable_in_duckdb(tmp_path):

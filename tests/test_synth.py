@@ -10,8 +10,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-
-from jobs.synth import generate_episodes, write_jsonl
+from tkg.jobs.synth import generate_episodes, write_jsonl
 
 N = 6000
 GROUP_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")

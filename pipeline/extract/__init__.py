@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipeline.config import TkgConfig
-from pipeline.extract.base import EpisodeInput, Extraction, Extractor
-from pipeline.extract.spacy_extractor import SpacyExtractor
+from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.extract.base import EpisodeInput, Extraction, Extractor
+from tkg.pipeline.extract.spacy_extractor import SpacyExtractor
 
 
 def _llm(config: TkgConfig) -> Extractor:
-    from pipeline.extract.llm import LlmExtractor
+    from tkg.pipeline.extract.llm import LlmExtractor
 
     return LlmExtractor(config)
 

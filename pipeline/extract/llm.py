@@ -9,13 +9,13 @@ keeps no extraction, and its error and raw answer go to `rejects` (stage `extrac
 
 from __future__ import annotations
 
-from pipeline.config import TkgConfig
-from pipeline.extract.base import EpisodeInput, Extraction
-from pipeline.extract.records import extract_record
-from pipeline.llm import build_llm
-from pipeline.llm.calls import complete_parsed
-from pipeline.llm.parse import parse_extraction
-from pipeline.llm.prompting import extraction_request, reflexion_request
+from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.extract.base import EpisodeInput, Extraction
+from tkg.pipeline.extract.records import extract_record
+from tkg.pipeline.llm import build_llm
+from tkg.pipeline.llm.calls import complete_parsed
+from tkg.pipeline.llm.parse import parse_extraction
+from tkg.pipeline.llm.prompting import extraction_request, reflexion_request
 
 
 class LlmExtractor:
@@ -84,7 +84,7 @@ def dataset_extractor(config: TkgConfig):
     """The extraction that runs on a whole Ray Dataset instead of per batch (vLLM on GPU
     actors through ray.data.llm), or None when extraction runs through `Extractor`."""
     if config.extract.backend == "llm" and config.llm.backend == "vllm":
-        from pipeline.llm.vllm import vllm_extract
+        from tkg.pipeline.llm.vllm import vllm_extract
 
         return vllm_extract
     return None

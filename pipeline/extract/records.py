@@ -25,7 +25,7 @@ import json
 import re
 from typing import Any
 
-from pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
+from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
 
 NAME_KEYS = {
     "name", "title", "company", "company_name", "organization", "employer", "assignee",

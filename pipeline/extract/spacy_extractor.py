@@ -14,11 +14,10 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from spacy.tokens import Doc, Span, Token
-
-from pipeline.config import TkgConfig
-from pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
-from pipeline.extract.dates import marks_end, resolve_date
-from pipeline.extract.records import extract_record
+from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
+from tkg.pipeline.extract.dates import marks_end, resolve_date
+from tkg.pipeline.extract.records import extract_record
 
 NER_LABELS = {
     "PERSON": "Person", "ORG": "Organization", "GPE": "Location", "LOC": "Location",

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipeline.config import LlmConfig
-from pipeline.llm.base import LLM, ChatRequest, Completion, Usage
+from tkg.pipeline.config import LlmConfig
+from tkg.pipeline.llm.base import LLM, ChatRequest, Completion, Usage
 
 __all__ = ["BACKENDS", "LLM", "ChatRequest", "Completion", "Usage", "build_llm"]
 
 
 def _openai(config: LlmConfig) -> LLM:
-    from pipeline.llm.openai import OpenAIChat
+    from tkg.pipeline.llm.openai import OpenAIChat
 
     return OpenAIChat(config)
 
 
 def _vllm(config: LlmConfig) -> LLM:
-    from pipeline.llm.vllm import VllmBatchLLM
+    from tkg.pipeline.llm.vllm import VllmBatchLLM
 
     return VllmBatchLLM(config)
 

@@ -7,9 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from pipeline.llm.base import LLM, ChatRequest
-from pipeline.llm.parse import ParseError
-from pipeline.llm.prompting import retry_request
+from tkg.pipeline.llm.base import LLM, ChatRequest
+from tkg.pipeline.llm.parse import ParseError
+from tkg.pipeline.llm.prompting import retry_request
 
 T = TypeVar("T")
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pipeline.adjudicate import NamePair, register_judge
-from pipeline.config import TkgConfig
-from pipeline.llm import LLM, build_llm
-from pipeline.llm.calls import complete_parsed
-from pipeline.llm.parse import parse_decisions, parse_fields
-from pipeline.llm.prompting import items_request
-from pipeline.llm.schemas import (
+from tkg.pipeline.adjudicate import NamePair, register_judge
+from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.llm import LLM, build_llm
+from tkg.pipeline.llm.calls import complete_parsed
+from tkg.pipeline.llm.parse import parse_decisions, parse_fields
+from tkg.pipeline.llm.prompting import items_request
+from tkg.pipeline.llm.schemas import (
     INVALIDATION_DECISIONS_SCHEMA,
     NAMED_SUMMARY_SCHEMA,
     PAIR_DECISIONS_SCHEMA,
@@ -99,7 +99,7 @@ class LlmSummarizer:
         return members + [{"fact": f} for f in digest.facts]
 
     def summarize(self, targets, group):
-        from pipeline.communities import CommunityText
+        from tkg.pipeline.communities import CommunityText
 
         chunks = {d.community_id: [self._items(d)[i:i + self.chunk]
                                    for i in range(0, max(len(self._items(d)), 1), self.chunk)]
@@ -132,8 +132,8 @@ def judge_invalidations(ctx, edges):
     """The facts stage's optional hook: candidates the rules cannot decide are judged on the
     driver in batches (few: one per subject, relation and change of value) and the yeses
     applied; the rule-based invalidation is already in `edges` and stays as it is."""
-    from pipeline import facts
-    from pipeline.llm.usage import count_usage
+    from tkg.pipeline import facts
+    from tkg.pipeline.llm.usage import count_usage
 
     edges = edges.materialize()
     candidates = [row for batch in edges.map_batches(

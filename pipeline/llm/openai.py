@@ -18,9 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import httpx
-
-from pipeline.config import LlmConfig
-from pipeline.llm.base import ChatRequest, Completion, Usage
+from tkg.pipeline.config import LlmConfig
+from tkg.pipeline.llm.base import ChatRequest, Completion, Usage
 
 RETRY_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 MAX_ERROR_CHARS = 300

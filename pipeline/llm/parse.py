@@ -10,8 +10,8 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
-from pipeline.extract.dates import resolve_date
+from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
+from tkg.pipeline.extract.dates import resolve_date
 
 THINK = re.compile(r"<think>.*?</think>", re.S | re.I)
 FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)(?:```|$)", re.S)

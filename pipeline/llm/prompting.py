@@ -15,12 +15,11 @@ from importlib import resources
 from string import Template
 
 import yaml
+from tkg.pipeline.extract.base import EpisodeInput, Extraction
+from tkg.pipeline.llm.base import ChatRequest
+from tkg.pipeline.llm.schemas import EXTRACTION_SCHEMA
 
-from pipeline.extract.base import EpisodeInput, Extraction
-from pipeline.llm.base import ChatRequest
-from pipeline.llm.schemas import EXTRACTION_SCHEMA
-
-PACKAGE = "pipeline.llm.prompts"
+PACKAGE = "tkg.pipeline.llm.prompts"
 MAX_RAW_ECHO = 4000  # characters of a bad answer echoed back in the retry
 
 

@@ -9,9 +9,8 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 from ray.data import Dataset
-
-from pipeline.llm.base import Usage
-from pipeline.llm.prompting import prompt_set_version
+from tkg.pipeline.llm.base import Usage
+from tkg.pipeline.llm.prompting import prompt_set_version
 
 USAGE_COLUMNS = ("llm_calls", "llm_prompt_tokens", "llm_completion_tokens", "llm_retries")
 

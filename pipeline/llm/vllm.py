@@ -22,14 +22,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-
-from pipeline import schema
-from pipeline.config import LlmConfig, TkgConfig
-from pipeline.extract.base import EpisodeInput, Extraction
-from pipeline.extract.records import extract_record
-from pipeline.llm.base import ChatRequest, Completion, Usage
-from pipeline.llm.parse import ParseError, parse_extraction
-from pipeline.llm.prompting import extraction_request, retry_request
+from tkg.pipeline import schema
+from tkg.pipeline.config import LlmConfig, TkgConfig
+from tkg.pipeline.extract.base import EpisodeInput, Extraction
+from tkg.pipeline.extract.records import extract_record
+from tkg.pipeline.llm.base import ChatRequest, Completion, Usage
+from tkg.pipeline.llm.parse import ParseError, parse_extraction
+from tkg.pipeline.llm.prompting import extraction_request, retry_request
 
 EPISODE_COLUMNS = ("episode_id", "group_id", "kind", "content", "valid_at", "source_id",
                    "speaker", "title", "source", "context")

@@ -31,7 +31,7 @@ def _search_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    import query
+    from tkg import query
 
     result = query.open(args.store).search(args.query, args.group, **_search_kwargs(args))
     if args.json:
@@ -46,7 +46,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_context(args: argparse.Namespace) -> int:
-    import query
+    from tkg import query
 
     print(query.open(args.store).context(args.query, args.group, max_tokens=args.max_tokens,
                                          **_search_kwargs(args)))
@@ -54,9 +54,10 @@ def cmd_context(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    import query
-    from query.eval import evaluate, load_questions, print_report
-    from query.recipes import DEFAULT
+    from tkg.query.eval import evaluate, load_questions, print_report
+    from tkg.query.recipes import DEFAULT
+
+    from tkg import query
 
     retriever = query.open(args.store)
     report = evaluate(retriever, load_questions(args.questions), args.recipe or DEFAULT,
@@ -69,7 +70,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_query(args: argparse.Namespace) -> int:
-    from jobs.bench_query import bench_query, print_bench
+    from tkg.jobs.bench_query import bench_query, print_bench
 
     figures = bench_query(args.facts, queries=args.queries, dim=args.dim, groups=args.groups,
                           workdir=args.workdir, seed=args.seed, reuse=args.reuse)

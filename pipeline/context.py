@@ -1,0 +1,55 @@
+"""What a stage sees while it runs (RunContext) and how it is declared (Stage).
+
+Apart from the stage registry (`pipeline.stages`) so that the runner's helpers
+(`pipeline.resume`) and the registry both depend on it and not on each other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from ray.data import Dataset
+from tkg.pipeline.config import TkgConfig
+
+
+@dataclass
+class RunContext:
+    config: TkgConfig
+    run_id: str
+    created_at: datetime
+    files: list[Path]
+    work_dir: Path
+    dim: int
+    cpus: int
+    previous: Path | None = None  # the snapshot an incremental run builds on
+    counters: dict[str, int] = field(default_factory=dict)
+    outputs: dict[str, Path] = field(default_factory=dict)  # finished stage outputs
+
+    @property
+    def partitions(self) -> int:
+        """Hash-shuffle partitions for groupbys and joins."""
+        return self.config.ray.shuffle_partitions or 2 * self.cpus
+
+    def partitions_for(self, rows: int) -> int:
+        """More partitions for big shuffles, so one block (one task's memory) stays near
+        `ray.rows_per_partition` rows whatever the input size."""
+        return max(self.partitions, math.ceil(rows / self.config.ray.rows_per_partition))
+
+    def count(self, name: str, value: int) -> None:
+        self.counters[name] = self.counters.get(name, 0) + int(value)
+
+
+StageFn = Callable[[RunContext, dict[str, Dataset]], dict[str, Dataset]]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    run: StageFn
+    model: bool = False  # a model stage (extraction, embedding): reported apart in benchmarks
