@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import ray
 import ray.data
 from ray.data import Dataset
-from tkg.pipeline import faults, reliability, schema, sources, store
+from tkg.pipeline import faults, reliability, schema, sources, storage, store
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.datasets import read_parquet_files
 from tkg.pipeline.embed import embedding_dim
@@ -307,9 +307,9 @@ def _run_row(ctx: RunContext, summary: dict[str, Any], started_at: datetime) -> 
 def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
           run_id: str | None = None) -> BuildResult:
     """Build a snapshot of `inputs` into `store_dir` and publish it."""
-    sources.reject_url(str(store_dir), "store")
+    storage.require_local(store_dir, "store")
     store_dir = Path(store_dir)
-    files = sources.discover(inputs)
+    files = sources.discover(inputs, config.storage)
     started_at = store.now()
     run_id = run_id or new_run_id(started_at, files)
     reliability.preflight(store_dir, files, config)  # disk and permissions, before any work

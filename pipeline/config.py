@@ -49,6 +49,22 @@ class RayConfig(_Section):
     )
 
 
+class StorageConfig(_Section):
+    """How `s3://` (and `gs://`, `az://`) stores and inputs are reached. Credentials never go
+    here: they come from the usual environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    AWS_SESSION_TOKEN, an instance role); these fields override AWS_ENDPOINT_URL and
+    AWS_REGION."""
+
+    endpoint: str | None = Field(
+        None, description="S3-compatible endpoint URL (MinIO, Ceph, R2); null = "
+        "AWS_ENDPOINT_URL or AWS itself")
+    region: str | None = Field(None, description="bucket region; null = AWS_REGION")
+    anonymous: bool = Field(False, description="unsigned requests (public buckets)")
+    path_style: bool = Field(
+        True, description="bucket in the path (http://endpoint/bucket/key), as MinIO and most "
+        "S3-compatible servers expect; false = virtual-hosted (bucket.endpoint)")
+
+
 class LimitsConfig(_Section):
     """Bounds on input records; anything beyond goes to `rejects`, never into memory blindly."""
 
@@ -91,7 +107,6 @@ class EmbedConfig(_Section):
     threads_per_actor: int = 1
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if seen")
     gpus_per_actor: float = Field(0, ge=0, description="GPUs reserved per embedder actor")
-    sparse: bool = Field(False, description="bge_m3: also compute sparse lexical weights")
 
 
 class ResolveConfig(_Section):
@@ -133,7 +148,7 @@ class ResolveConfig(_Section):
     first_names: bool = Field(
         True, description="a lone first name joins the group's only full name starting with it"
     )
-    adjudicator: str = Field(
+    adjudicator: Literal["none", "llm"] = Field(
         "none", description="judge of undecided pairs (pipeline/adjudicate.py); none = keep apart"
     )
     adjudicate_batch: int = Field(20, description="pairs per adjudicator call")
@@ -141,34 +156,68 @@ class ResolveConfig(_Section):
 
 class RelationClass(_Section):
     """Relations that say the same thing in other words, merged under one name; when
-    `exclusive`, a subject holds one value at a time, so a newer value ends the older one."""
+    `exclusive`, a subject holds one value at a time, so a newer value ends the older one.
+    `synonyms` match exactly; any other relation joins the class when its phrase (as "I
+    <phrase> <object>") is close enough to one of the `prototypes` (`facts.class_threshold`)."""
 
     name: str
     relation: str
     synonyms: tuple[str, ...] = ()
+    prototypes: tuple[str, ...] = ()
     exclusive: bool = True
 
 
 DEFAULT_RELATION_CLASSES = (
     RelationClass(name="residence", relation="LIVES_IN", synonyms=(
         "LIVE_IN", "MOVE_TO", "RELOCATE_TO", "RESIDE_IN", "BE_BASE_IN", "SETTLE_IN",
-        "MOVE_BACK_TO")),
+        "MOVE_BACK_TO", "MOVE_INTO", "BASE_IN", "BE_NOW_BASE_IN"), prototypes=(
+        "I live in the city", "I moved to the city", "I relocated to the city",
+        "I am now based in the city", "I moved into a house")),
     RelationClass(name="employment", relation="WORKS_AT", synonyms=(
         "WORK_AT", "WORK_FOR", "JOIN", "BE_EMPLOY_BY", "BE_EMPLOY_AT", "BE_HIRE_BY",
-        "START_WORK_AT")),
+        "START_WORK_AT", "GET_HIRE_AT", "BE_HIRE_AT", "TRANSFER_TO"), prototypes=(
+        "I work at the company", "I got hired at the company", "I joined the company",
+        "I started a new job at the company", "I accepted an offer from the company",
+        "I transferred to the company")),
     RelationClass(name="school", relation="ATTENDS", synonyms=(
         "ATTEND", "START_SCHOOL_AT", "ENROLL_IN", "ENROLL_AT", "BE_ENROLL_AT",
-        "BE_ENROLL_IN", "GO_TO_SCHOOL_AT", "SCHOOL")),
+        "BE_ENROLL_IN", "GO_TO_SCHOOL_AT", "SCHOOL"), prototypes=(
+        "I attend the school", "I enrolled at the university", "I study at the university")),
+    RelationClass(name="relationship", relation="PARTNER_OF", synonyms=(
+        "DATE", "MARRY", "BE_MARRY_TO", "GET_MARRY_TO", "BE_ENGAGE_TO", "GET_ENGAGE_TO"),
+        prototypes=("I am dating someone", "I married someone", "I got engaged to someone")),
+    RelationClass(name="role", relation="WORKS_AS", synonyms=(
+        "WORK_AS", "SERVE_AS", "BE_PROMOTE_TO", "PROMOTE_TO", "GET_PROMOTE_TO", "BE_HIRE_AS",
+        "JOIN_AS", "START_AS", "TITLE"), prototypes=(
+        "I work as an engineer", "I was promoted to senior manager", "my new title is director")),
     RelationClass(name="status", relation="STATUS", synonyms=("STAGE", "STATE")),
     RelationClass(name="company", relation="COMPANY", synonyms=("EMPLOYER", "ORGANIZATION")),
     RelationClass(name="city", relation="CITY"),
     RelationClass(name="assignee", relation="ASSIGNEE", synonyms=("OWNER",)),
 )
+# An ending is a fact too: it ends the subject's open fact (of any exclusive class) that
+# has the same object, from the ending's valid time.
+ENDING_CLASS = RelationClass(name="ending", relation="LEFT", exclusive=False, synonyms=(
+    "LEAVE", "QUIT", "RESIGN_FROM", "RETIRE_FROM", "MOVE_OUT_OF", "MOVE_AWAY_FROM",
+    "BREAK_UP_WITH", "SPLIT_UP_WITH", "DIVORCE", "GRADUATE_FROM", "DROP_OUT_OF",
+    "STEP_DOWN_FROM", "BE_LAY_OFF_FROM", "BE_FIRE_FROM"), prototypes=(
+    "I left the company", "I quit my job at the company", "I resigned from the company",
+    "I retired from the company", "I moved out of the city", "I broke up with someone",
+    "I graduated from the school"))
 
 
 class FactsConfig(_Section):
     relation_classes: tuple[RelationClass, ...] = DEFAULT_RELATION_CLASSES
+    ending: RelationClass = ENDING_CLASS
     negation_prefix: str = "NOT_"
+    class_threshold: float = Field(
+        0.8, description="cosine (embed.model) from which a relation phrase joins the class of "
+        "its nearest prototype; 1 = synonyms only. 0.8 keeps 'go to'/'visit' (0.70-0.72) out "
+        "of residence and lets 'start job at' (0.83) into employment")
+    invalidation_judge: Literal["none", "llm"] = Field(
+        "none", description="judge of invalidation candidates no relation class decides "
+        "(pipeline/adjudicate.py); none = both facts stay current"
+    )
     summary_facts: int = Field(
         3, description="facts (that still hold, best attested) in an entity's extractive summary"
     )
@@ -205,7 +254,8 @@ class VllmConfig(_Section):
 class LlmConfig(_Section):
     """The LLM behind extraction and the batched judgements. API keys never live in a config
     (configs are stored with every run): the key is read from the variable `api_key_env`.
-    Ambiguous entity pairs go to it with `resolve.adjudicator: llm`."""
+    Ambiguous entity pairs go to it with `resolve.adjudicator: llm`, undecided invalidations
+    with `facts.invalidation_judge: llm`, community texts with `communities.summarizer: llm`."""
 
     backend: Literal["none", "openai", "vllm"] = "none"
     endpoints: tuple[str, ...] = Field((), description="OpenAI-compatible base URLs (…/v1)")
@@ -221,9 +271,10 @@ class LlmConfig(_Section):
     max_tokens: int = Field(2048, ge=16, description="per completion")
     structured_output: bool = Field(True, description="send the JSON schema as a constraint")
     reflexion: bool = Field(False, description="a second call per episode for missed items")
-    judge_invalidation: bool = Field(True, description="judge undecided invalidation pairs")
     judge_batch_size: int = Field(20, ge=1, description="items per judgement call")
-    summary_batch_size: int = Field(40, ge=1, description="members per summary map call")
+    summary_batch_size: int = Field(
+        40, ge=1, description="members and facts per community summary map call "
+        "(communities.summarizer: llm)")
     vllm: VllmConfig = VllmConfig()
 
     @field_validator("endpoints", mode="before")
@@ -301,7 +352,10 @@ class CommunitiesConfig(_Section):
         "extend", description="incremental runs: extend the previous communities, or rerun "
         "label propagation every run"
     )
-    summarizer: Literal["extractive"] = "extractive"
+    summarizer: Literal["extractive", "llm"] = Field(
+        "extractive", description="names and summaries: extractive (TF-IDF terms, central "
+        "members, key facts) or llm (map-reduce over members and facts, in llm.*)"
+    )
     summary_members: int = Field(5, ge=1, description="central members in a summary")
     summary_facts: int = Field(5, ge=0, description="facts in a summary")
     summary_chars: int = Field(2_000, ge=100)
@@ -341,11 +395,16 @@ class TkgConfig(_Section):
     llm: LlmConfig = LlmConfig()
     query: QueryConfig = QueryConfig()
     serve: ServeConfig = ServeConfig()
+    storage: StorageConfig = StorageConfig()
 
     @model_validator(mode="after")
     def _llm_needs_backend(self) -> TkgConfig:
         for needs, what in ((self.extract.backend == "llm", "extract.backend is llm"),
-                            (self.resolve.adjudicator == "llm", "resolve.adjudicator is llm")):
+                            (self.resolve.adjudicator == "llm", "resolve.adjudicator is llm"),
+                            (self.facts.invalidation_judge == "llm",
+                             "facts.invalidation_judge is llm"),
+                            (self.communities.summarizer == "llm",
+                             "communities.summarizer is llm")):
             if needs and self.llm.backend == "none":
                 raise ValueError(f"{what} but llm.backend is none: set llm.backend to openai "
                                  "(see configs/openai.yaml) or vllm")

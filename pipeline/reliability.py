@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import pyarrow.parquet as pq
-from tkg.pipeline import store
-from tkg.pipeline.config import TkgConfig
+from tkg.pipeline import storage, store
+from tkg.pipeline.config import StorageConfig, TkgConfig
 from tkg.pipeline.faults import InjectedCrash
 
 log = logging.getLogger("tkg.reliability")
@@ -80,11 +80,11 @@ def _readable(path: Path) -> bool:
         return False
 
 
-def input_bytes(files: list[Path]) -> int:
-    return sum(f.stat().st_size for f in files)
+def input_bytes(files: list[Path | str], storage_config: StorageConfig | None = None) -> int:
+    return sum(storage.size(f, storage_config) for f in files)
 
 
-def preflight(store_dir: Path, files: list[Path], config: TkgConfig) -> None:
+def preflight(store_dir: Path, files: list[Path | str], config: TkgConfig) -> None:
     """Fail before any work when the store cannot be written or the disk is nearly full."""
     limits = config.limits
     try:
@@ -96,13 +96,13 @@ def preflight(store_dir: Path, files: list[Path], config: TkgConfig) -> None:
         raise store_error(exc, store_dir, f"writing to {store_dir}") or store.StoreError(
             f"cannot write to {store_dir}: {exc}") from exc
     free = shutil.disk_usage(store_dir).free
-    needed = int(limits.min_free_mb * 2**20 + limits.free_space_per_input_byte
-                 * input_bytes(files))
+    read = input_bytes(files, config.storage)
+    needed = int(limits.min_free_mb * 2**20 + limits.free_space_per_input_byte * read)
     if free < needed:
         raise store.StoreError(
             f"only {free / 2**20:,.0f} MB free under {store_dir}, and this build needs about "
             f"{needed / 2**20:,.0f} MB ({limits.free_space_per_input_byte:g} x the "
-            f"{input_bytes(files) / 2**20:,.1f} MB of input + {limits.min_free_mb} MB): "
+            f"{read / 2**20:,.1f} MB of input + {limits.min_free_mb} MB): "
             f"free space (`tkg gc --store {store_dir} --keep 1`) or use a bigger disk"
         )
 

@@ -7,19 +7,21 @@ line length, so a hostile file cannot blow up a worker's memory.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import hashlib
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tkg.pipeline import schema
-from tkg.pipeline.config import GROUP_ID_PATTERN, LimitsConfig
+from tkg.pipeline import schema, storage
+from tkg.pipeline.config import GROUP_ID_PATTERN, LimitsConfig, StorageConfig
 
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
 PARQUET_SUFFIXES = {".parquet", ".pq"}
@@ -51,21 +53,15 @@ class ReadStats:
         self.files += other.files
 
 
-def reject_url(location: str, what: str) -> None:
-    """Object-storage URLs are not read or written yet: say so instead of treating
-    `s3://bucket/x` as a local folder named `s3:`."""
-    if "://" in str(location):
-        raise InputError(
-            f"{what} {location!r} is a URL; tkg reads and writes local paths only for now. "
-            "Mount the bucket (s3fs, gcsfuse, a shared volume) and pass the mount path."
-        )
-
-
-def discover(inputs: list[str]) -> list[Path]:
-    """Files named by `inputs`: files, folders (searched recursively) or glob patterns."""
-    found: set[Path] = set()
+def discover(inputs: list[str], storage_config: StorageConfig | None = None
+             ) -> list[Path | str]:
+    """Files named by `inputs`: files, folders (searched recursively) or glob patterns, local
+    (absolute Paths) or in object storage (`s3://bucket/prefix`, kept as URL strings)."""
+    found: set[Path | str] = set()
     for item in inputs:
-        reject_url(item, "input")
+        if storage.is_url(item):
+            found.update(_discover_url(item, storage_config))
+            continue
         path = Path(item)
         if path.is_file():
             found.add(path.resolve())
@@ -86,7 +82,28 @@ def discover(inputs: list[str]) -> list[Path]:
             found.update(files)
     if not found:
         raise InputError(f"no .jsonl or .parquet files under {inputs}")
-    return sorted(found)
+    return sorted(found, key=str)
+
+
+def _discover_url(item: str, storage_config: StorageConfig | None) -> list[str]:
+    """An object, a prefix (searched recursively) or a glob under a prefix."""
+    wildcard = min((item.find(c) for c in "*?[" if c in item), default=-1)
+    try:
+        if wildcard < 0:
+            if storage.is_file(item, storage_config):
+                return [item]
+            files = storage.list_files(item, storage_config, JSONL_SUFFIXES | PARQUET_SUFFIXES)
+        else:
+            prefix = item[:item.rfind("/", 0, wildcard)]
+            files = [f for f in storage.list_files(prefix, storage_config)
+                     if fnmatch.fnmatchcase(f, item)]
+    except OSError as exc:
+        raise InputError(f"cannot list input {item!r}: {exc}; check the bucket, the storage "
+                         "endpoint and the AWS_* credentials") from exc
+    if not files:
+        raise InputError(f"input {item!r} matches no .jsonl or .parquet object; check the "
+                         "URL and the storage endpoint and credentials (README: storage)")
+    return files
 
 
 def parse_timestamp(value: Any) -> tuple[datetime, bool]:
@@ -189,9 +206,16 @@ def to_episode(record: Any, limits: LimitsConfig) -> tuple[dict, bool]:
     return row, missing_zone
 
 
-def _jsonl_lines(path: Path, max_bytes: int) -> Iterator[tuple[int, bytes | None, int]]:
+def _open(path: Path | str, storage_config: StorageConfig | None) -> BinaryIO:
+    """A buffered binary reader of a local file or an object (streamed, not downloaded)."""
+    fs, inner = storage.resolve(path, storage_config)
+    return io.BufferedReader(fs.open_input_stream(inner), 1 << 20)
+
+
+def _jsonl_lines(path: Path | str, max_bytes: int, storage_config: StorageConfig | None = None
+                 ) -> Iterator[tuple[int, bytes | None, int]]:
     """(line number, bytes or None when over-long, length) for each non-blank line."""
-    with path.open("rb") as handle:
+    with _open(path, storage_config) as handle:
         number = 0
         while True:
             chunk = handle.readline(max_bytes + 1)
@@ -211,9 +235,11 @@ def _jsonl_lines(path: Path, max_bytes: int) -> Iterator[tuple[int, bytes | None
                 yield number, chunk, len(chunk)
 
 
-def _jsonl_records(path: Path, limits: LimitsConfig) -> Iterator[tuple[int, Any, bytes | None]]:
+def _jsonl_records(path: Path | str, limits: LimitsConfig,
+                   storage_config: StorageConfig | None = None
+                   ) -> Iterator[tuple[int, Any, bytes | None]]:
     """(line, parsed record or RecordError, raw bytes) per line."""
-    for number, raw, length in _jsonl_lines(path, limits.max_line_bytes):
+    for number, raw, length in _jsonl_lines(path, limits.max_line_bytes, storage_config):
         if raw is None:
             yield number, RecordError(
                 f"line is {length} bytes, over the limit of {limits.max_line_bytes}"
@@ -232,9 +258,11 @@ def _jsonl_records(path: Path, limits: LimitsConfig) -> Iterator[tuple[int, Any,
             yield number, RecordError(f"malformed JSON: {exc}"), raw
 
 
-def _parquet_records(path: Path) -> Iterator[tuple[int, Any, bytes | None]]:
+def _parquet_records(path: Path | str, storage_config: StorageConfig | None = None
+                     ) -> Iterator[tuple[int, Any, bytes | None]]:
     try:
-        parquet = pq.ParquetFile(path)
+        fs, inner = storage.resolve(path, storage_config)
+        parquet = pq.ParquetFile(fs.open_input_file(inner))
     except Exception as exc:
         yield 0, RecordError(f"unreadable Parquet file: {exc}"), None
         return
@@ -246,14 +274,16 @@ def _parquet_records(path: Path) -> Iterator[tuple[int, Any, bytes | None]]:
 
 
 def read_file(
-    path: Path, *, run_id: str, limits: LimitsConfig, created_at: datetime
+    path: Path | str, *, run_id: str, limits: LimitsConfig, created_at: datetime,
+    storage_config: StorageConfig | None = None,
 ) -> tuple[pa.Table, pa.Table, ReadStats]:
-    """Read one input file into (raw episodes, rejects, stats)."""
+    """Read one input file (local or an object-store URL) into (raw episodes, rejects, stats)."""
     stats = ReadStats(files=[str(path)])
     episodes: list[dict] = []
     rejects: list[dict] = []
-    is_parquet = path.suffix.lower() in PARQUET_SUFFIXES
-    records = _parquet_records(path) if is_parquet else _jsonl_records(path, limits)
+    is_parquet = PurePosixPath(str(path)).suffix.lower() in PARQUET_SUFFIXES
+    records = (_parquet_records(path, storage_config) if is_parquet
+               else _jsonl_records(path, limits, storage_config))
     for number, record, raw in records:
         stats.episodes_in += 1
         try:

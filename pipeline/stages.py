@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import ray
 import ray.data
 from ray.data import ActorPoolStrategy, Dataset
-from tkg.pipeline import communities, facts, faults, resolve, schema, sources
+from tkg.pipeline import adjudicate, communities, facts, faults, resolve, schema, sources
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import RunContext, Stage
 from tkg.pipeline.datasets import read_parquet_files
@@ -53,8 +53,9 @@ INTERNAL_EXTRACTIONS = "_extractions"  # published with each snapshot, not in th
 
 
 @ray.remote
-def _read_file(path: Path, run_id: str, config: TkgConfig, created_at: datetime):
-    return sources.read_file(path, run_id=run_id, limits=config.limits, created_at=created_at)
+def _read_file(path: Path | str, run_id: str, config: TkgConfig, created_at: datetime):
+    return sources.read_file(path, run_id=run_id, limits=config.limits, created_at=created_at,
+                             storage_config=config.storage)
 
 
 def read_stage(ctx: RunContext, _: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -262,16 +263,12 @@ class AdjudicateBatch:
     """Ray Data UDF: the configured judge (built once per actor) decides undecided pairs."""
 
     def __init__(self, config: TkgConfig) -> None:
-        from tkg.pipeline.adjudicate import build_judge
-
-        self.judge = build_judge(config)
+        self.judge = adjudicate.build_judge(config)
         self.batch_size = config.resolve.adjudicate_batch
 
     def __call__(self, pairs: pa.Table) -> pa.Table:
-        from tkg.pipeline.adjudicate import adjudicate
-
         before = usage_snapshot(self.judge)
-        judged = adjudicate(pairs, self.judge, self.batch_size)[0]
+        judged = adjudicate.adjudicate(pairs, self.judge, self.batch_size)[0]
         return with_usage(judged, before, usage_snapshot(self.judge))  # counted by the stage
 
 
@@ -332,10 +329,8 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     rows = with_both.map_batches(facts.fact_rows, batch_format="pyarrow", fn_args=(config,))
     edges = shuffled(rows, ["edge_id"], facts.merge_facts, ctx, ctx.created_at)
     checked = shuffled(edges, ["group_id", "source_entity_id"], facts.invalidate, ctx, config)
-    if ctx.config.llm.backend != "none" and ctx.config.llm.judge_invalidation:
-        from tkg.pipeline.llm.judges import judge_invalidations  # what the rules left undecided
-
-        checked = judge_invalidations(ctx, checked)
+    if (judge := adjudicate.build_invalidation_judge(ctx.config)) is not None:
+        checked = adjudicate.judge_invalidations(ctx, checked, judge)  # what rules left open
     checked = checked.materialize()  # feeds the summaries and the stage output
     sources = checked.map_batches(facts.summary_sources, batch_format="pyarrow")
     summaries = shuffled(sources, ["group_id", "entity_id"], facts.entity_summaries, ctx,
@@ -442,7 +437,8 @@ def communities_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, 
             parts.append(stored.map_batches(communities.input_rows, batch_format="pyarrow",
                                             fn_args=(kind,)))
     rows = shuffled(parts[0].union(*parts[1:]), ["group_id"], communities.community_block, ctx,
-                    config, ctx.created_at, mode).materialize()
+                    ctx.config, ctx.created_at, mode).materialize()
+    rows = take_usage(ctx, rows, "communities").materialize()  # an LLM summarizer's calls
     found = rows.count()
     ctx.count("communities_extended", (rows.sum("placed") or 0) if found else 0)
     named = embed_column(ctx, rows, "name", "name_embedding") if found else rows

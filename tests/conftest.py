@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.s3 import use_test_credentials
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+use_test_credentials()  # before any Ray worker starts, so workers inherit them
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus"
@@ -42,6 +45,21 @@ def ray_session(config):
     init_ray(config.model_copy(update={"ray": config.ray.model_copy(update={"num_cpus": 2})}))
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A real S3-compatible server (moto) on loopback with one bucket (tests/s3.py)."""
+    from tests.s3 import s3_server
+
+    with s3_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def s3_config(config, s3):
+    """The test config with its `storage` section pointing at the S3 server."""
+    return config.model_copy(update={"storage": config.storage.model_validate(s3.storage())})
 
 
 @pytest.fixture(scope="session")

@@ -198,9 +198,11 @@ def test_window_drops_redeliveries_and_rejects_conflicting_ids():
     assert "different content" in rejects[0]["reason"]
 
 
-def test_object_storage_urls_are_refused_with_advice():
+def test_unreachable_object_storage_is_an_input_error(s3_config):
     import pytest
     from tkg.pipeline.sources import InputError, discover
 
-    with pytest.raises(InputError, match="Mount the bucket"):
-        discover(["s3://bucket/in"])
+    with pytest.raises(InputError, match="no-such-bucket"):
+        discover(["s3://no-such-bucket/in"], s3_config.storage)
+    with pytest.raises(ValueError, match="unsupported scheme"):
+        discover(["ftp://host/in"])

@@ -1,0 +1,208 @@
+"""Where stores and inputs live: a local path or an object-store URL -> a pyarrow FileSystem.
+
+`s3://bucket/prefix` goes through pyarrow's S3FileSystem (AWS, MinIO, R2, Ceph, moto), with
+credentials from the usual environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+AWS_SESSION_TOKEN, an instance role) and the endpoint and region from the config's `storage`
+section, else AWS_ENDPOINT_URL / AWS_REGION. `gs://` uses pyarrow's GcsFileSystem, `az://`
+(`abfs://`) adlfs through fsspec where it is installed. Everything else is a local path.
+
+The same settings reach LanceDB (`lance_options`) and DuckDB (`duckdb_filesystem`), so one
+location string means the same bytes to every component.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+from tkg.pipeline.config import StorageConfig
+
+SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss")
+
+
+class StorageError(ValueError):
+    """A location that cannot be reached as written; the message says what to change."""
+
+
+def is_url(location: str | Path) -> bool:
+    """An object-store URL (as opposed to a local path, `file://` included)."""
+    return isinstance(location, str) and "://" in location and not location.startswith("file://")
+
+
+def _scheme(location: str) -> str:
+    scheme = location.split("://", 1)[0].lower()
+    if scheme not in SCHEMES:
+        raise StorageError(
+            f"{location!r}: unsupported scheme {scheme!r}; use a local path or one of "
+            + ", ".join(f"{s}://" for s in SCHEMES))
+    return scheme
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Endpoint and addressing of S3, from the config first, then the environment."""
+
+    endpoint: str | None
+    region: str | None
+    anonymous: bool
+    path_style: bool
+
+    @classmethod
+    def of(cls, config: StorageConfig | None) -> S3Settings:
+        config = config or StorageConfig()
+        endpoint = (config.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3")
+                    or os.environ.get("AWS_ENDPOINT_URL"))
+        region = (config.region or os.environ.get("AWS_REGION")
+                  or os.environ.get("AWS_DEFAULT_REGION"))
+        return cls(endpoint=endpoint, region=region, anonymous=config.anonymous,
+                   path_style=config.path_style)
+
+
+def _s3(config: StorageConfig | None) -> pafs.S3FileSystem:
+    settings = S3Settings.of(config)
+    options: dict = {"anonymous": settings.anonymous, "region": settings.region or "us-east-1",
+                     "force_virtual_addressing": not settings.path_style}
+    if settings.endpoint:
+        parsed = urlparse(settings.endpoint if "://" in settings.endpoint
+                          else f"https://{settings.endpoint}")
+        options.update(endpoint_override=parsed.netloc, scheme=parsed.scheme)
+    return pafs.S3FileSystem(**options)
+
+
+def _fsspec(scheme: str) -> pafs.FileSystem:
+    try:
+        import fsspec
+
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem(scheme)))
+    except (ImportError, ValueError) as exc:
+        raise StorageError(f"{scheme}:// needs adlfs (`pip install adlfs`): {exc}") from exc
+
+
+def resolve(location: str | Path, config: StorageConfig | None = None
+            ) -> tuple[pafs.FileSystem, str]:
+    """(filesystem, path inside it) of a location; local paths are made absolute."""
+    if not is_url(location):
+        text = str(location)
+        text = text[len("file://"):] if text.startswith("file://") else text
+        return pafs.LocalFileSystem(), Path(text).expanduser().resolve().as_posix()
+    scheme = _scheme(str(location))
+    path = str(location).split("://", 1)[1].rstrip("/")
+    if not path or path.startswith("/"):
+        raise StorageError(f"{location!r} names no bucket: write {scheme}://bucket/prefix")
+    if scheme == "s3":
+        return _s3(config), path
+    if scheme in ("gs", "gcs"):
+        return pafs.GcsFileSystem(), path
+    return _fsspec("abfs"), path
+
+
+def require_local(location: str | Path, what: str) -> None:
+    """For the places that still need a local folder: say so instead of treating
+    `s3://bucket/x` as a local folder named `s3:`."""
+    if is_url(location):
+        raise StorageError(f"{what} {location!r} is a URL; this command needs a local path")
+
+
+def join(location: str | Path, *parts: str) -> str:
+    """A child of a location, with `/` whatever the platform (URLs keep their scheme)."""
+    if is_url(location):
+        return posixpath.join(str(location).rstrip("/"), *parts)
+    return str(Path(location, *parts))
+
+
+def exists(location: str | Path, config: StorageConfig | None = None) -> bool:
+    fs, path = resolve(location, config)
+    return fs.get_file_info(path).type != pafs.FileType.NotFound
+
+
+def is_file(location: str | Path, config: StorageConfig | None = None) -> bool:
+    fs, path = resolve(location, config)
+    return fs.get_file_info(path).type == pafs.FileType.File
+
+
+def read_bytes(location: str | Path, config: StorageConfig | None = None) -> bytes:
+    fs, path = resolve(location, config)
+    with fs.open_input_stream(path) as handle:
+        return handle.read()
+
+
+def read_text(location: str | Path, config: StorageConfig | None = None) -> str:
+    return read_bytes(location, config).decode("utf-8")
+
+
+def write_bytes(location: str | Path, data: bytes, config: StorageConfig | None = None) -> None:
+    """One object written whole: S3 makes it visible only when the upload completes, so a
+    reader sees the old object or the new one, never a part (what rename gives on POSIX)."""
+    fs, path = resolve(location, config)
+    fs.create_dir(posixpath.dirname(path), recursive=True)
+    with fs.open_output_stream(path) as handle:
+        handle.write(data)
+
+
+def write_text(location: str | Path, text: str, config: StorageConfig | None = None) -> None:
+    write_bytes(location, text.encode("utf-8"), config)
+
+
+def list_files(location: str | Path, config: StorageConfig | None = None,
+               suffixes: Iterable[str] | None = None) -> list[str]:
+    """Files under a location (recursively), as locations of the same kind, sorted."""
+    fs, path = resolve(location, config)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return []
+    if info.type == pafs.FileType.File:
+        found = [path]
+    else:
+        selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+        found = [i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
+    wanted = {s.lower() for s in suffixes} if suffixes else None
+    found = [p for p in found if wanted is None or posixpath.splitext(p)[1].lower() in wanted]
+    return sorted(_as_location(location, path, p) for p in found)
+
+
+def _as_location(location: str | Path, root: str, path: str) -> str:
+    """A path found under `root` written like `location` (scheme kept for URLs)."""
+    if not is_url(location):
+        return path
+    scheme = str(location).split("://", 1)[0]
+    return f"{scheme}://{path}"
+
+
+def size(location: str | Path, config: StorageConfig | None = None) -> int:
+    fs, path = resolve(location, config)
+    return fs.get_file_info(path).size or 0
+
+
+def delete_dir(location: str | Path, config: StorageConfig | None = None) -> None:
+    """Remove a folder (a prefix) and everything under it; a missing one is fine."""
+    fs, path = resolve(location, config)
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        fs.delete_dir(path)
+
+
+def lance_options(location: str | Path, config: StorageConfig | None = None
+                  ) -> dict[str, str] | None:
+    """LanceDB's `storage_options` for a location (None for local paths). LanceDB reads the
+    AWS_* credentials itself; the endpoint and addressing are passed so both libraries talk
+    to the same server."""
+    if not is_url(location) or _scheme(str(location)) != "s3":
+        return None
+    settings = S3Settings.of(config)
+    options = {"aws_region": settings.region or "us-east-1",
+               "aws_virtual_hosted_style_request": str(not settings.path_style).lower()}
+    if settings.endpoint:
+        options.update(aws_endpoint=settings.endpoint,
+                       allow_http=str(settings.endpoint.startswith("http://")).lower())
+    if settings.anonymous:
+        options["aws_skip_signature"] = "true"
+    for name, key in (("AWS_ACCESS_KEY_ID", "aws_access_key_id"),
+                      ("AWS_SECRET_ACCESS_KEY", "aws_secret_access_key"),
+                      ("AWS_SESSION_TOKEN", "aws_session_token")):
+        if os.environ.get(name):
+            options[key] = os.environ[name]
+    return options

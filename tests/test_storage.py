@@ -1,0 +1,111 @@
+"""Locations in object storage, against a real S3-compatible server (moto, tests/s3.py)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from tkg.pipeline import sources, storage
+from tkg.pipeline.config import LimitsConfig, StorageConfig
+
+CORPUS = Path(__file__).resolve().parent / "corpus"
+
+
+@pytest.fixture
+def settings(s3) -> StorageConfig:
+    return StorageConfig.model_validate(s3.storage())
+
+
+def _upload(local: Path, url: str, settings: StorageConfig) -> None:
+    storage.write_bytes(url, local.read_bytes(), settings)
+
+
+def test_objects_round_trip(s3, settings):
+    root = s3.url()
+    storage.write_text(storage.join(root, "a", "CURRENT"), "run-1\n", settings)
+    storage.write_bytes(storage.join(root, "a", "b", "x.jsonl"), b"{}\n", settings)
+    assert storage.read_text(storage.join(root, "a", "CURRENT"), settings) == "run-1\n"
+    assert storage.is_file(storage.join(root, "a", "CURRENT"), settings)
+    assert not storage.exists(storage.join(root, "missing"), settings)
+    assert storage.list_files(root, settings) == [
+        f"{root}/a/CURRENT", f"{root}/a/b/x.jsonl"]
+    assert storage.list_files(root, settings, {".jsonl"}) == [f"{root}/a/b/x.jsonl"]
+    storage.delete_dir(storage.join(root, "a", "b"), settings)
+    assert storage.list_files(root, settings) == [f"{root}/a/CURRENT"]
+
+
+def test_local_paths_and_bad_urls(tmp_path):
+    fs, path = storage.resolve(tmp_path / "x")
+    assert type(fs).__name__ == "LocalFileSystem" and path == (tmp_path / "x").as_posix()
+    assert storage.resolve(f"file://{tmp_path}")[1] == tmp_path.as_posix()
+    with pytest.raises(storage.StorageError, match="unsupported scheme"):
+        storage.resolve("ftp://host/x")
+    with pytest.raises(storage.StorageError, match="names no bucket"):
+        storage.resolve("s3://")
+
+
+def test_endpoint_from_environment(s3, monkeypatch):
+    """Without a `storage` section the usual AWS_ENDPOINT_URL reaches the same server."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    url = storage.join(s3.url(), "env.txt")
+    storage.write_text(url, "via env")
+    assert storage.read_text(url) == "via env"
+    assert storage.lance_options(url)["aws_endpoint"] == s3.endpoint
+    assert storage.lance_options("/local/path") is None
+
+
+def test_discover_objects(s3, settings):
+    root = s3.url()
+    for name in ("conversations.jsonl", "records.jsonl"):
+        _upload(CORPUS / name, f"{root}/in/{name}", settings)
+    storage.write_bytes(f"{root}/in/notes.txt", b"not an input", settings)
+    files = [f"{root}/in/conversations.jsonl", f"{root}/in/records.jsonl"]
+    assert sources.discover([f"{root}/in"], settings) == files
+    assert sources.discover([f"{root}/in/rec*.jsonl"], settings) == files[1:]
+    assert sources.discover([files[0]], settings) == files[:1]
+    with pytest.raises(sources.InputError, match="matches no"):
+        sources.discover([f"{root}/nothing"], settings)
+
+
+def _read(path, settings=None):
+    return sources.read_file(path, run_id="r", limits=LimitsConfig(),
+                             created_at=datetime(2026, 1, 1, tzinfo=UTC), storage_config=settings)
+
+
+@pytest.mark.parametrize("name", ["conversations.jsonl", "records.jsonl"])
+def test_read_objects_like_files(s3, settings, name):
+    """An object reads into the same episodes and rejects as the local file."""
+    url = f"{s3.url()}/{name}"
+    _upload(CORPUS / name, url, settings)
+    local, remote = _read(CORPUS / name), _read(url, settings)
+    assert remote[0].drop_columns(["file"]) == local[0].drop_columns(["file"])
+    assert remote[1].drop_columns(["file"]) == local[1].drop_columns(["file"])
+    assert set(remote[0]["file"].to_pylist()) <= {url}
+    assert remote[2].episodes_in == local[2].episodes_in > 0
+
+
+def test_read_parquet_object(s3, settings, tmp_path):
+    episodes, _, _ = _read(CORPUS / "records.jsonl")
+    rows = [{"group_id": r["group_id"], "id": r["source_id"], "kind": "text",
+             "timestamp": r["valid_at"].isoformat(), "content": r["content"]}
+            for r in episodes.to_pylist()]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "in.parquet")
+    url = f"{s3.url()}/in.parquet"
+    _upload(tmp_path / "in.parquet", url, settings)
+    remote, _, stats = _read(url, settings)
+    assert remote.num_rows == len(rows) == stats.episodes_ok
+
+
+def test_lancedb_on_object_storage(s3, settings):
+    """LanceDB writes and searches a table under the bucket with the same settings."""
+    import lancedb
+
+    url = s3.url()
+    db = lancedb.connect(url, storage_options=storage.lance_options(url, settings))
+    db.create_table("t", pa.table({"id": ["a", "b"], "vector": [[1.0, 0.0], [0.0, 1.0]]}))
+    hits = db.open_table("t").search([0.9, 0.1]).limit(1).to_list()
+    assert hits[0]["id"] == "a"
+    assert any("/t.lance/" in f for f in storage.list_files(url, settings))
