@@ -56,13 +56,20 @@ def new_run_id(now: datetime, files: list[Path]) -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{digest}"
 
 
+def joins_cluster(config: TkgConfig) -> bool:
+    """Whether ray.init joins a running cluster: an address in the config, or RAY_ADDRESS, which
+    `ray job submit` sets for its drivers even when the config says `address: null`. A
+    cluster refuses local-only settings (_system_config, num_cpus, object store size)."""
+    return config.ray.address not in (None, "local") or bool(os.environ.get("RAY_ADDRESS"))
+
+
 def _worker_pool(config: TkgConfig) -> dict[str, int] | None:
     """Keep idle workers of a local Ray alive. Ray Data runs more tasks at once than there
     are CPUs (shuffle maps and reduces, reads), and by default Ray kills every worker past
     one per CPU after a second idle: each operation then starts Python workers again, which
     cost a small build 3-4 s per join or shuffle (measured: a join of 1,000 rows took 3.7 s
     with the default, 0.07 s with warm workers)."""
-    if config.ray.address or not config.ray.idle_workers:
+    if joins_cluster(config) or not config.ray.idle_workers:
         return None  # a cluster's pool is the cluster's business
     cpus = config.ray.num_cpus or os.cpu_count() or 1
     return {"num_workers_soft_limit": cpus + config.ray.idle_workers,
@@ -74,9 +81,10 @@ def init_ray(config: TkgConfig) -> int:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if not ray.is_initialized():
         ray.init(
-            address=config.ray.address, num_cpus=config.ray.num_cpus,
+            address=config.ray.address,
+            num_cpus=None if joins_cluster(config) else config.ray.num_cpus,
             object_store_memory=(int(config.ray.object_store_gb * 2**30)
-                                 if config.ray.object_store_gb and not config.ray.address
+                                 if config.ray.object_store_gb and not joins_cluster(config)
                                  else None),
             include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
             configure_logging=True, _system_config=_worker_pool(config),
