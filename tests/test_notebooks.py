@@ -7,14 +7,13 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import nbclient
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 TIMEOUT = 300  # seconds per cell: the first search loads the embedding model
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
 
 
 def maker():
