@@ -5,21 +5,29 @@ concurrency, retries, backoff, several endpoints) without a model.
 A request is matched to a recording by the episode in its prompt (the text after
 "Current episode:"), or else by the first line of its system prompt (judgements). Each key
 has a `plan` of faults served on its first requests, in order, before the recorded answer:
-`429` (with Retry-After: 0), `500`, `timeout` (the answer comes after the client gave up),
-`malformed` (200 with prose instead of JSON; a second `malformed` is JSON of wrong types),
-`slow` (answers after `slow_sleep`), `reject_schema` (a 400 naming response_format, as
-servers without structured outputs answer). It also records the most requests it ever had
-in flight at once and the Authorization header it saw.
+`429` (with Retry-After: 0), `500`, `timeout` (no answer until the client hangs up, so it
+times out whatever its timeout and however slow the machine), `malformed` (200 with prose
+instead of JSON; a second `malformed` is JSON of wrong types), `pair` (held until a second
+`pair` request is in flight too, then both answer `PAIR_HOLD_S` later: two requests overlap
+however slow the machine, and a client over its bound sends more meanwhile),
+`reject_schema` (a 400 naming response_format, as servers without structured outputs
+answer). It also records the most requests it ever had in flight at once and the
+Authorization header it saw.
 """
 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+PAIR_HOLD_S = 0.2
+HELD_S = 120.0  # longest a `timeout` or `pair` request is held: a broken client fails, never hangs
 
 RECORDED = Path(__file__).resolve().parent / "llm_recorded"
 EPISODE_MARK = "Current episode:"
@@ -52,12 +60,10 @@ def request_key(messages: list[dict[str, str]]) -> str:
 class RecordedLLM:
     """Start with `with RecordedLLM(recorded) as server:`; `server.urls` are the base URLs."""
 
-    def __init__(self, recorded: dict[str, dict], endpoints: int = 2,
-                 timeout_sleep: float = 2.0, slow_sleep: float = 0.2) -> None:
+    def __init__(self, recorded: dict[str, dict], endpoints: int = 2) -> None:
         self.recorded = recorded
         self.endpoints = endpoints
-        self.timeout_sleep = timeout_sleep
-        self.slow_sleep = slow_sleep
+        self.pairs = threading.Barrier(2, timeout=HELD_S)
         self.in_flight = 0
         self.max_in_flight = 0
         self.lock = threading.Lock()
@@ -96,20 +102,20 @@ class RecordedLLM:
         plan = (self.recorded.get(key) or {}).get("plan", [])
         return (plan[count] if count < len(plan) else "answer"), count
 
-    def respond(self, body: dict[str, Any], port: int, auth: str | None = None
-                ) -> tuple[int, dict[str, str], bytes]:
+    def respond(self, body: dict[str, Any], port: int, auth: str | None = None,
+                connection: socket.socket | None = None) -> tuple[int, dict[str, str], bytes]:
         """(status, headers, body) for one request; also what the tests assert on."""
         with self.lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            return self._respond(body, port, auth)
+            return self._respond(body, port, auth, connection)
         finally:
             with self.lock:
                 self.in_flight -= 1
 
-    def _respond(self, body: dict[str, Any], port: int, auth: str | None
-                 ) -> tuple[int, dict[str, str], bytes]:
+    def _respond(self, body: dict[str, Any], port: int, auth: str | None,
+                 connection: socket.socket | None) -> tuple[int, dict[str, str], bytes]:
         messages = body.get("messages") or []
         key = request_key(messages)
         action, count = self._next_action(key)
@@ -126,10 +132,11 @@ class RecordedLLM:
             return 500, {}, b'{"error": "internal error"}'
         if action == "reject_schema":
             return 400, {}, b'{"error": "response_format json_schema is not supported"}'
-        if action == "timeout":
-            time.sleep(self.timeout_sleep)
-        if action == "slow":
-            time.sleep(self.slow_sleep)
+        if action == "timeout" and connection is not None:
+            _wait_for_hang_up(connection)
+        if action == "pair":
+            self.pairs.wait()
+            time.sleep(PAIR_HOLD_S)
         malformed = sum(1 for e in self.log[:-1] if e["key"] == key and e["action"] ==
                         "malformed")
         text = (MALFORMED[min(malformed, 1)] if action == "malformed"
@@ -164,7 +171,8 @@ class RecordedLLM:
                     self.send_error(400, "request body is not JSON")
                     return
                 status, headers, payload = server.respond(
-                    body, self.server.server_address[1], self.headers.get("Authorization"))
+                    body, self.server.server_address[1], self.headers.get("Authorization"),
+                    self.connection)
                 try:
                     self.send_response(status)
                     for name, value in {"Content-Type": "application/json", **headers}.items():
@@ -179,3 +187,9 @@ class RecordedLLM:
                 pass
 
         return Handler
+
+
+def _wait_for_hang_up(connection: socket.socket) -> None:
+    """Until the client closes the connection (it timed out): its whole request was read, so
+    the socket turns readable only at end of file."""
+    select.select([connection], [], [], HELD_S)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import duckdb
 import pytest
 from llm_server import RecordedLLM, load_recorded
 
@@ -36,7 +35,7 @@ def llm_build(ray_session, config, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("llm-build")
     inputs, count = _slice(tmp)
-    with RecordedLLM(load_recorded("acme_conv.json"), timeout_sleep=6.5) as server:
+    with RecordedLLM(load_recorded("acme_conv.json")) as server:
         llm = config.llm.model_copy(update={
             "backend": "openai", "endpoints": tuple(server.urls), "model": "recorded",
             "timeout_s": 5.0, "backoff_s": 0.01, "concurrency": 4, "max_retries": 3,
@@ -48,9 +47,9 @@ def llm_build(ray_session, config, tmp_path_factory):
 
 
 def _query(result, sql, *params):
-    from tkg.pipeline.store import CATALOG
+    from tkg.pipeline.store import open_catalog
 
-    with duckdb.connect(str(result.snapshot / CATALOG), read_only=True) as con:
+    with open_catalog(result.snapshot) as con:
         return con.execute(sql, list(params)).fetchall()
 
 
