@@ -58,7 +58,7 @@ def refresh_tables(tables: dict[str, pa.Table], config: TkgConfig, created_at: d
     """COMMUNITY_ROWS of every group (label propagation, ids matched to the current ones)
     and the drift report: per group and over all groups."""
     settings = config.communities
-    summarizer = communities.build_summarizer(settings)
+    summarizer = communities.build_summarizer(config)
     facts = tables["facts"].filter(pc.is_null(tables["facts"]["expired_at"]))
     groups = sorted(pc.unique(tables["entities"]["group_id"]).drop_null().to_pylist())
     rows, report = [schema.COMMUNITY_ROWS.empty_table()], {}

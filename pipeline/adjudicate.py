@@ -1,21 +1,31 @@
-"""The adjudicator hook: name pairs that resolution rules cannot decide (an embedding
-neighbour below the merge threshold, say) go to a judge, in batches.
+"""The judges: where rules cannot decide, a judge may, in batches.
 
-A judge is anything with `same_entity(pairs) -> [True | False | None]`; `None` means "cannot
-tell" and, like no judge at all, keeps the pair apart (the conservative decision: a wrong
-merge corrupts two entities, a missed one only leaves a duplicate). Judges register by name
-in `JUDGES`; `resolve.adjudicator` in the config picks one. The embedded default has none.
+- Pair judges: name pairs that resolution rules cannot decide (an embedding neighbour below
+  the merge threshold, say). A pair judge is anything with `same_entity(pairs) -> [True |
+  False | None]`; `None` means "cannot tell" and, like no judge at all, keeps the pair apart
+  (the conservative decision: a wrong merge corrupts two entities, a missed one only leaves
+  a duplicate). `resolve.adjudicator` picks one from `PAIR_JUDGES`.
+- Invalidation judges: two dated facts of one subject and relation that no relation class
+  covers. `ends(candidates) -> [True | False | None]`; only True ends the older fact.
+  `facts.invalidation_judge` picks one from `INVALIDATION_JUDGES`.
+
+`none`, the embedded default of both, is no judge.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.registry import Registry
+
+if TYPE_CHECKING:
+    from ray.data import Dataset
+    from tkg.pipeline.context import RunContext
 
 
 @dataclass(frozen=True)
@@ -35,39 +45,27 @@ class PairJudge(Protocol):
         ...
 
 
-JUDGES: dict[str, Callable[[TkgConfig], PairJudge]] = {}
+class InvalidationJudge(Protocol):
+    def ends(self, candidates: Sequence[dict[str, Any]]) -> list[bool | None]:
+        """One answer per {"older": {...}, "newer": {...}}: True = the newer ends the older."""
+        ...
 
 
-def register_judge(name: str) -> Callable[[Callable[[TkgConfig], PairJudge]],
-                                          Callable[[TkgConfig], PairJudge]]:
-    def register(factory: Callable[[TkgConfig], PairJudge]) -> Callable[[TkgConfig], PairJudge]:
-        JUDGES[name] = factory
-        return factory
+PAIR_JUDGES: Registry[PairJudge] = Registry("pair judge")
+PAIR_JUDGES.register("llm", "tkg.pipeline.llm.judges:LlmPairJudge")
 
-    return register
+INVALIDATION_JUDGES: Registry[InvalidationJudge] = Registry("invalidation judge")
+INVALIDATION_JUDGES.register("llm", "tkg.pipeline.llm.judges:LlmInvalidationJudge")
 
 
 def build_judge(config: TkgConfig) -> PairJudge | None:
     name = config.resolve.adjudicator
-    if name == "none":
-        return None
-    if name not in JUDGES:
-        _load_plugins()
-    if name not in JUDGES:
-        raise ValueError(f"resolve.adjudicator {name!r} is not a known judge "
-                         f"(known: none, {', '.join(sorted(JUDGES)) or 'no others'})")
-    return JUDGES[name](config)
+    return None if name == "none" else PAIR_JUDGES.build(name, config)
 
 
-def _load_plugins() -> None:
-    """Judges that live in optional packages register on import."""
-    import importlib
-
-    for module in ("tkg.pipeline.llm.judges",):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            continue
+def build_invalidation_judge(config: TkgConfig) -> InvalidationJudge | None:
+    name = config.facts.invalidation_judge
+    return None if name == "none" else INVALIDATION_JUDGES.build(name, config)
 
 
 def adjudicate(pairs: pa.Table, judge: PairJudge, batch_size: int) -> tuple[pa.Table, int]:
@@ -92,3 +90,29 @@ def adjudicate(pairs: pa.Table, judge: PairJudge, batch_size: int) -> tuple[pa.T
                 rows[i]["merge"] = True
                 rows[i]["evidence"] = "llm"
     return pa.Table.from_pylist(rows, schema=pairs.schema), calls
+
+
+def judge_invalidations(ctx: RunContext, edges: Dataset, judge: InvalidationJudge) -> Dataset:
+    """The facts stage's optional step: candidates the rules cannot decide are judged on the
+    driver in batches (few: one per subject, relation and change of value) and the yeses
+    applied; the rule-based invalidation is already in `edges` and stays as it is."""
+    from tkg.pipeline import facts
+    from tkg.pipeline.llm.usage import count_usage, usage_snapshot
+
+    edges = edges.materialize()
+    candidates = [row for batch in edges.map_batches(
+        facts.undecided_candidates, batch_format="pyarrow", fn_args=(ctx.config.facts,)
+    ).iter_batches(batch_format="pyarrow", batch_size=None) for row in batch.to_pylist()]
+    ctx.count("invalidation_candidates", len(candidates))
+    if not candidates:
+        return edges
+    questions = [{"older": {"fact": c["old_fact"], "relation": c["relation"],
+                            "valid_at": c["old_valid_at"].isoformat()},
+                  "newer": {"fact": c["new_fact"], "relation": c["relation"],
+                            "valid_at": c["new_valid_at"].isoformat()}} for c in candidates]
+    answers = judge.ends(questions)
+    count_usage(ctx, usage_snapshot(judge), "facts")  # a judge built for this run
+    ended = {c["old_edge_id"]: (c["new_valid_at"], c["new_edge_id"])
+             for c, yes in zip(candidates, answers, strict=True) if yes is True}
+    ctx.count("invalidated_by_llm", len(ended))
+    return edges.map_batches(facts.apply_judged, batch_format="pyarrow", fn_args=(ended,))

@@ -34,7 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tkg.pipeline import schema
-from tkg.pipeline.config import CommunitiesConfig
+from tkg.pipeline.config import CommunitiesConfig, TkgConfig
+from tkg.pipeline.llm.usage import usage_snapshot, with_usage
+from tkg.pipeline.registry import Registry
 
 # --- the graph ----------------------------------------------------------------------------
 
@@ -515,11 +517,17 @@ class ExtractiveSummarizer:
                              summary=summary[:self.config.summary_chars])
 
 
-SUMMARIZERS = {"extractive": ExtractiveSummarizer}
+def _extractive(config: TkgConfig) -> ExtractiveSummarizer:
+    return ExtractiveSummarizer(config.communities)
 
 
-def build_summarizer(config: CommunitiesConfig) -> Summarizer:
-    return SUMMARIZERS[config.summarizer](config)
+SUMMARIZERS: Registry[Summarizer] = Registry("summarizer")
+SUMMARIZERS.register("extractive", _extractive)
+SUMMARIZERS.register("llm", "tkg.pipeline.llm.judges:LlmSummarizer")
+
+
+def build_summarizer(config: TkgConfig) -> Summarizer:
+    return SUMMARIZERS.build(config.communities.summarizer, config)
 
 
 # --- one group, end to end ----------------------------------------------------------------
@@ -593,7 +601,7 @@ def group_communities(graph: Graph, previous: Previous, config: CommunitiesConfi
         changed = set(range(len(ids)))
     clock.lap("ids")
     rows = _rows(graph, assign, ids, changed, np.bincount(assign[fresh], minlength=len(ids)),
-                 previous, config, created_at, summarizer or build_summarizer(config))
+                 previous, config, created_at, summarizer or ExtractiveSummarizer(config))
     clock.lap("summaries")
     return GroupResult(rows=rows, assign=assign, previous_assign=old_assign, placed=placed,
                        graph=graph)
@@ -655,10 +663,13 @@ def input_rows(batch: pa.Table, kind: str) -> pa.Table:
     return schema.conform(batch, schema.COMMUNITY_INPUT)
 
 
-def community_block(rows: pa.Table, config: CommunitiesConfig, created_at: datetime,
+def community_block(rows: pa.Table, tkg_config: TkgConfig, created_at: datetime,
                     mode: str) -> pa.Table:
-    """One shuffled block (whole groups): COMMUNITY_ROWS of every group in it."""
-    summarizer = build_summarizer(config)
+    """One shuffled block (whole groups): COMMUNITY_ROWS of every group in it, plus, for a
+    summarizer that calls an LLM, what its calls cost (`llm_*` columns, counted and dropped
+    by the stage: the driver never sees this task's client)."""
+    config = tkg_config.communities
+    summarizer = build_summarizer(tkg_config)
     out = [schema.COMMUNITY_ROWS.empty_table()]
     for group in sorted(pc.unique(rows["group_id"]).drop_null().to_pylist()):
         part = rows.filter(pc.equal(rows["group_id"], group))
@@ -670,4 +681,7 @@ def community_block(rows: pa.Table, config: CommunitiesConfig, created_at: datet
         previous = Previous(communities=of("community"), members=of("member"))
         out.append(group_communities(graph, previous, config, created_at, mode,
                                      summarizer).rows)
-    return pa.concat_tables(out)
+    table = pa.concat_tables(out)
+    if getattr(summarizer, "usage", None) is None:
+        return table
+    return with_usage(table, {}, usage_snapshot(summarizer))

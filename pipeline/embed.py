@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 from tkg.pipeline.config import EmbedConfig, TkgConfig
+from tkg.pipeline.registry import Registry
 
 
 class Embedder(Protocol):
@@ -88,15 +88,13 @@ def cpu_has_bf16() -> bool:
 
 class BGEM3Embedder:
     """BGE-m3 through FlagEmbedding's `BGEM3FlagModel` (the `gpu` extra): fp16 on a GPU,
-    dense vectors (CLS, L2-normalised) for the tables, and optional sparse lexical weights
-    (`embed_sparse`, token id -> weight) for hybrid retrieval. `embed.model` is a local
-    folder (the cluster image or a shared volume): nothing is downloaded at run time."""
+    dense vectors (CLS, L2-normalised) for the tables. `embed.model` is a local folder (the
+    cluster image or a shared volume): nothing is downloaded at run time."""
 
     def __init__(self, config: EmbedConfig) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         import torch
-        from transformers import AutoConfig
 
         try:
             from FlagEmbedding import BGEM3FlagModel
@@ -111,44 +109,42 @@ class BGEM3Embedder:
             torch.set_num_threads(max(config.threads_per_actor, 1))
         self.config = config
         self.device = device
-        self.dim = int(AutoConfig.from_pretrained(str(path)).hidden_size)
+        self.dim = self.config_dim(config)
         self.model = BGEM3FlagModel(
             str(path), use_fp16=device == "cuda", devices=[device],
             normalize_embeddings=config.normalize, batch_size=config.batch_size,
             passage_max_length=config.max_seq_length, query_max_length=config.max_seq_length,
-            return_dense=True, return_sparse=config.sparse,
+            return_dense=True, return_sparse=False,
         )
 
-    def _encode(self, texts: list[str], sparse: bool) -> dict:
-        return self.model.encode(texts, batch_size=self.config.batch_size,
-                                 max_length=self.config.max_seq_length, return_dense=True,
-                                 return_sparse=sparse, return_colbert_vecs=False)
+    @staticmethod
+    def config_dim(config: EmbedConfig) -> int:
+        """The width from the model folder's config file, without loading the model."""
+        from transformers import AutoConfig
+
+        return int(AutoConfig.from_pretrained(str(model_path(config.model))).hidden_size)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        dense = np.asarray(self._encode(texts, False)["dense_vecs"], dtype=np.float32)
+        encoded = self.model.encode(texts, batch_size=self.config.batch_size,
+                                    max_length=self.config.max_seq_length, return_dense=True,
+                                    return_sparse=False, return_colbert_vecs=False)
+        dense = np.asarray(encoded["dense_vecs"], dtype=np.float32)
         dense = dense.reshape(len(texts), self.dim)
         if self.config.normalize:  # fp16 output drifts from unit length by ~1e-3
             dense /= np.maximum(np.linalg.norm(dense, axis=1, keepdims=True), 1e-12)
         return dense
 
-    def embed_sparse(self, texts: list[str]) -> list[dict[int, float]]:
-        """Sparse lexical weights per text: token id -> weight (BGE-m3's lexical head)."""
-        if not texts:
-            return []
-        weights = self._encode(texts, True)["lexical_weights"]
-        return [{int(k): float(v) for k, v in w.items()} for w in weights]
 
-
-BACKENDS: dict[str, Callable[[EmbedConfig], Embedder]] = {
-    "sentence_transformers": SentenceTransformerEmbedder,
-    "bge_m3": BGEM3Embedder,
-}
+EMBEDDERS: Registry[Embedder] = Registry("embedder")
+EMBEDDERS.register("sentence_transformers", SentenceTransformerEmbedder)
+EMBEDDERS.register("bge_m3", BGEM3Embedder)
+EMBEDDERS.register("synthetic", "tkg.pipeline.synthetic_embed:synthetic_embedder")
 
 
 def build_embedder(config: TkgConfig) -> Embedder:
-    return BACKENDS[config.embed.backend](config.embed)
+    return EMBEDDERS.build(config.embed.backend, config.embed)
 
 
 def embed_unique(embedder: Embedder, texts: list[str]) -> np.ndarray:
@@ -181,10 +177,8 @@ class EmbedColumn:
 
 
 def embedding_dim(config: TkgConfig) -> int:
-    """The model's vector width (loads the model once on the driver; BGE-m3's is read from
-    its config file, so a head node without a GPU never loads it)."""
-    if config.embed.backend == "bge_m3":
-        from transformers import AutoConfig
-
-        return int(AutoConfig.from_pretrained(str(model_path(config.embed.model))).hidden_size)
-    return build_embedder(config).dim
+    """The model's vector width: from the config where the embedder class can tell it
+    (`config_dim`: BGE-m3 reads its config file, so a head node without a GPU never loads
+    it), else by loading the model once on the driver."""
+    config_dim = getattr(EMBEDDERS.factory(config.embed.backend), "config_dim", None)
+    return config_dim(config.embed) if config_dim else build_embedder(config).dim

@@ -142,7 +142,7 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
 
 
 def undecided_candidates(edges: pa.Table, config: FactsConfig) -> pa.Table:
-    """Invalidation the rules cannot decide, for an optional judge (`llm.judge_invalidation`):
+    """Invalidation the rules cannot decide, for an optional judge (`facts.invalidation_judge`):
     per subject, a relation outside every class, two dated edges with other targets, each
     edge against the next newer one (linear, not all pairs). The rules never touch these."""
     by_key: dict[tuple[str, str, str], list[dict]] = {}

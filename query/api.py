@@ -109,7 +109,7 @@ _EMBEDDERS_LOCK = threading.Lock()
 def snapshot_embedder(manifest: dict[str, Any]) -> Any:
     """The embedder the snapshot was built with (model and dim from its manifest), loaded
     once per process."""
-    from tkg.pipeline.embed import BACKENDS
+    from tkg.pipeline.embed import EMBEDDERS
 
     embedding = manifest.get("embedding") or {}
     try:
@@ -119,7 +119,7 @@ def snapshot_embedder(manifest: dict[str, Any]) -> Any:
     key = config.model_dump_json()
     with _EMBEDDERS_LOCK:
         if key not in _EMBEDDERS:
-            _EMBEDDERS[key] = BACKENDS[config.backend](config)
+            _EMBEDDERS[key] = EMBEDDERS.build(config.backend, config)
     embedder = _EMBEDDERS[key]
     if embedding.get("dim") and int(embedding["dim"]) != int(embedder.dim):
         raise QueryError(f"the snapshot's vectors are {embedding['dim']}-d but {config.model} "

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from tkg.pipeline.config import ExtractConfig
 from tkg.pipeline.extract.base import EpisodeInput
 from tkg.pipeline.llm.parse import ParseError, load_json_object, parse_decisions, parse_extraction
 from tkg.pipeline.llm.prompting import (
@@ -21,6 +22,7 @@ from tkg.pipeline.llm.prompting import (
 from tkg.pipeline.llm.schemas import EXTRACTION_SCHEMA
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
+CONTEXT = ExtractConfig().context_messages
 RECORDED = json.loads((Path(__file__).resolve().parent / "llm_recorded" / "acme_conv.json")
                       .read_text())["episodes"]
 
@@ -50,7 +52,7 @@ def acme() -> list[EpisodeInput]:
 
 def test_extraction_prompt_of_a_corpus_message(acme):
     episode = acme[6]  # "Bob is Robert Kim, the CTO of Globex Corporation."
-    request = extraction_request(episode)
+    request = extraction_request(episode, CONTEXT)
     system, user = request.messages
     assert system["role"] == "system" and "speaker is always the first entity" in system[
         "content"]
@@ -76,15 +78,15 @@ def test_extraction_prompt_of_a_corpus_message(acme):
 
 def test_first_message_has_no_context_and_fewer_when_configured(acme):
     assert "Previous messages (context only):\n(none)" in extraction_request(
-        acme[0]).messages[1]["content"]
-    two = extraction_request(acme[6], context_messages=2).messages[1]["content"]
+        acme[0], CONTEXT).messages[1]["content"]
+    two = extraction_request(acme[6], 2).messages[1]["content"]
     assert two.count("\n- ") == 2 and "Sam Patel: Globex opened" in two
 
 
 def test_user_text_is_never_a_template():
     episode = EpisodeInput("e", "g", "text", "Invoice $amount of $$120 for {customer} ${x}",
                            datetime(2024, 1, 1, tzinfo=UTC), title="Q1 $notes")
-    user = extraction_request(episode).messages[1]["content"]
+    user = extraction_request(episode, CONTEXT).messages[1]["content"]
     assert "Title: Q1 $notes" in user
     assert user.endswith("Invoice $amount of $$120 for {customer} ${x}")
 
@@ -101,14 +103,14 @@ def test_templates_are_versioned_package_data():
 
 
 def test_retry_and_reflexion_requests(acme):
-    first = extraction_request(acme[7])
+    first = extraction_request(acme[7], CONTEXT)
     retry = retry_request(first, "Sure! Here you go", "the answer holds no JSON object")
     assert retry.messages[:2] == first.messages
     assert retry.messages[2] == {"role": "assistant", "content": "Sure! Here you go"}
     assert retry.messages[3]["content"].startswith(
         "Your answer could not be used: the answer holds no JSON object")
     found, _ = parse_extraction(RECORDED[acme[6].content]["completion"], acme[6])
-    reflect = reflexion_request(acme[6], found)
+    reflect = reflexion_request(acme[6], found, CONTEXT)
     assert '"relation": "CTO_OF"' in reflect.messages[1]["content"]
     assert "ONLY the" in reflect.messages[0]["content"]
 
@@ -119,7 +121,7 @@ def test_dmr_message_prompt(shared_data):
     episode = EpisodeInput("e", "dmr", "message", turns[2]["text"],
                            datetime(2023, 1, 1, 0, 2, tzinfo=UTC), speaker=turns[2]["id"],
                            context=tuple(f"{t['id']}: {t['text']}" for t in turns[:2]))
-    user = extraction_request(episode).messages[1]["content"]
+    user = extraction_request(episode, CONTEXT).messages[1]["content"]
     assert "Speaker: Speaker 1" in user
     assert "- Speaker 1: I won my fight today." in user
     assert user.endswith(turns[2]["text"])

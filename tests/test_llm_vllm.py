@@ -71,7 +71,8 @@ def test_processor_is_built_without_a_gpu(ray_session, vllm_config):
 
 def test_preprocess_builds_the_shared_prompt_and_schema(rows, vllm_config):
     out = preprocess_row(rows[6], vllm_config)
-    episode_request = extraction_request(corpus_messages("acme-conv-2024-01-15")[6])
+    episode_request = extraction_request(corpus_messages("acme-conv-2024-01-15")[6],
+                                         vllm_config.extract.context_messages)
     assert out["messages"] == [dict(m) for m in episode_request.messages]
     assert out["sampling_params"] == {
         "temperature": 0.0, "max_tokens": 1024,

@@ -1,25 +1,21 @@
-"""Extractors: the CPU default (spaCy) and, later, LLM backends behind the same protocol."""
+"""Extractors behind one protocol: the CPU default (spaCy) and the LLM extractor.
+
+An extractor is a class built from the whole config with `extract(episodes)`; it registers
+here by name, and `extract.backend` in pipeline/config.py lists the names a config may pick.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.extract.base import EpisodeInput, Extraction, Extractor
-from tkg.pipeline.extract.spacy_extractor import SpacyExtractor
+from tkg.pipeline.registry import Registry
 
+EXTRACTORS: Registry[Extractor] = Registry("extractor")
+EXTRACTORS.register("spacy", "tkg.pipeline.extract.spacy_extractor:SpacyExtractor")
+EXTRACTORS.register("llm", "tkg.pipeline.extract.llm:LlmExtractor")
 
-def _llm(config: TkgConfig) -> Extractor:
-    from tkg.pipeline.extract.llm import LlmExtractor
-
-    return LlmExtractor(config)
-
-
-BACKENDS: dict[str, Callable[[TkgConfig], Extractor]] = {"spacy": SpacyExtractor, "llm": _llm}
-
-__all__ = ["BACKENDS", "EpisodeInput", "Extraction", "Extractor", "build_extractor"]
+__all__ = ["EXTRACTORS", "EpisodeInput", "Extraction", "Extractor", "build_extractor"]
 
 
 def build_extractor(config: TkgConfig) -> Extractor:
-    """The configured backend; adding one means adding it to BACKENDS, nothing else."""
-    return BACKENDS[config.extract.backend](config)
+    return EXTRACTORS.build(config.extract.backend, config)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tkg.pipeline.adjudicate import NamePair, register_judge
+from tkg.pipeline.adjudicate import NamePair
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.llm import LLM, build_llm
 from tkg.pipeline.llm.calls import complete_parsed
@@ -51,8 +51,6 @@ class LlmPairJudge:
                        "resolve") if items else []
 
 
-register_judge("llm")(LlmPairJudge)
-
 
 class LlmInvalidationJudge:
     """Does the newer fact end the older one? For candidates no relation class covers."""
@@ -82,11 +80,13 @@ class LlmSummarizer:
     chunks of `llm.summary_batch_size` items, one map call per chunk (all communities of a
     group in one batch of concurrent calls), then one reduce call per community for its
     name and summary. A community that fits one chunk takes the reduce call only. A failed
-    answer falls back to the extractive text (`fallback`)."""
+    answer falls back to the extractive text."""
 
-    def __init__(self, config: TkgConfig, fallback=None, llm: LLM | None = None) -> None:
+    def __init__(self, config: TkgConfig, llm: LLM | None = None) -> None:
+        from tkg.pipeline.communities import ExtractiveSummarizer
+
         self.chunk = config.llm.summary_batch_size
-        self.fallback = fallback
+        self.fallback = ExtractiveSummarizer(config.communities)
         self.llm = llm if llm is not None else build_llm(config.llm)
 
     @property
@@ -121,35 +121,8 @@ class LlmSummarizer:
                        for items in reduce_inputs],
             lambda _i, text: (parse_fields(text, ("name", "summary")), False),
             kind="communities")
-        fallback = (self.fallback.summarize(targets, group) if self.fallback is not None
-                    and any(o.value is None for o in outcomes) else None)
-        return [CommunityText(o.value["name"], o.value["summary"]) if o.value
-                else (fallback[i] if fallback else CommunityText(d.community_id, ""))
-                for i, (d, o) in enumerate(zip(targets, outcomes, strict=True))]
+        fallback = (self.fallback.summarize(targets, group)
+                    if any(o.value is None for o in outcomes) else [])
+        return [CommunityText(o.value["name"], o.value["summary"]) if o.value else fallback[i]
+                for i, o in enumerate(outcomes)]
 
-
-def judge_invalidations(ctx, edges):
-    """The facts stage's optional hook: candidates the rules cannot decide are judged on the
-    driver in batches (few: one per subject, relation and change of value) and the yeses
-    applied; the rule-based invalidation is already in `edges` and stays as it is."""
-    from tkg.pipeline import facts
-    from tkg.pipeline.llm.usage import count_usage
-
-    edges = edges.materialize()
-    candidates = [row for batch in edges.map_batches(
-        facts.undecided_candidates, batch_format="pyarrow", fn_args=(ctx.config.facts,)
-    ).iter_batches(batch_format="pyarrow", batch_size=None) for row in batch.to_pylist()]
-    ctx.count("invalidation_candidates", len(candidates))
-    if not candidates:
-        return edges
-    judge = LlmInvalidationJudge(ctx.config)
-    questions = [{"older": {"fact": c["old_fact"], "relation": c["relation"],
-                            "valid_at": c["old_valid_at"].isoformat()},
-                  "newer": {"fact": c["new_fact"], "relation": c["relation"],
-                            "valid_at": c["new_valid_at"].isoformat()}} for c in candidates]
-    answers = judge.ends(questions)
-    count_usage(ctx, judge.usage, "facts")
-    ended = {c["old_edge_id"]: (c["new_valid_at"], c["new_edge_id"])
-             for c, yes in zip(candidates, answers, strict=True) if yes is True}
-    ctx.count("invalidated_by_llm", len(ended))
-    return edges.map_batches(facts.apply_judged, batch_format="pyarrow", fn_args=(ended,))

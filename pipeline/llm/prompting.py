@@ -76,14 +76,15 @@ def _episode_values(episode: EpisodeInput, context_messages: int) -> dict[str, s
     }
 
 
-def extraction_request(episode: EpisodeInput, context_messages: int = 4) -> ChatRequest:
-    """The one call per episode: entities and facts together, under the output schema."""
+def extraction_request(episode: EpisodeInput, context_messages: int) -> ChatRequest:
+    """The one call per episode: entities and facts together, under the output schema, with
+    the last `context_messages` (extract.context_messages) messages as context."""
     messages = load_prompt("extract").messages(**_episode_values(episode, context_messages))
     return ChatRequest(messages=messages, schema=EXTRACTION_SCHEMA, schema_name="extraction")
 
 
 def reflexion_request(episode: EpisodeInput, found: Extraction,
-                      context_messages: int = 4) -> ChatRequest:
+                      context_messages: int) -> ChatRequest:
     """The optional second pass: what the first answer missed."""
     so_far = {
         "entities": [{"name": e.name, "label": e.label} for e in found.entities],

@@ -20,10 +20,8 @@ class Counts(Protocol):
 
 
 def count_llm(ctx: Counts, extractions: Dataset) -> Dataset:
-    """Add the per-episode usage columns of `extractions` (materialized) to the run counters.
-    Rule-based extractors cost nothing and skip the pass."""
-    if getattr(ctx, "config", None) is not None and ctx.config.extract.backend != "llm":
-        return extractions
+    """Add the per-episode usage columns of `extractions` (materialized) to the run counters
+    (zeros for rule-based extractors: any extractor may call a model)."""
     totals = dict.fromkeys(USAGE_COLUMNS, 0)
     for batch in extractions.select_columns(list(USAGE_COLUMNS)).iter_batches(
             batch_format="pyarrow", batch_size=None):
@@ -35,11 +33,12 @@ def count_llm(ctx: Counts, extractions: Dataset) -> Dataset:
     return extractions
 
 
-def count_usage(ctx: Counts, usage: Usage, stage: str) -> None:
-    """A driver-side LLM step's usage, in total and under the stage's own name."""
-    for name, value in usage.counters().items():
+def count_usage(ctx: Counts, counters: dict[str, int], stage: str) -> None:
+    """A driver-side LLM step's usage (`usage_snapshot`), in total and under the stage's own
+    name."""
+    for name, value in counters.items():
         ctx.count(name, value)
-    ctx.count(f"llm_calls_{stage}", usage.calls)
+    ctx.count(f"llm_calls_{stage}", counters.get("llm_calls", 0))
 
 
 def llm_summary(counters: dict[str, int], episodes: int) -> dict[str, object]:
