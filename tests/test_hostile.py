@@ -21,7 +21,8 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 LIMITS = LimitsConfig(max_line_bytes=4_096, max_content_chars=1_000, max_json_depth=8,
                       reject_payload_chars=200)
 SETTINGS = settings(max_examples=60, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+                    suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                           HealthCheck.too_slow])
 GOOD = {"group_id": "g1", "id": "m1", "kind": "message", "conversation_id": "c1",
         "speaker": "Ana", "timestamp": "2024-05-01T10:00:00Z", "content": "hello"}
 
