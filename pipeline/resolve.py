@@ -44,10 +44,6 @@ def normalize_name(name: str) -> str:
     return text
 
 
-def entity_id(group_id: str, name: str) -> str:
-    return schema.stable_id(group_id, "entity", normalize_name(name))
-
-
 def mention_rows(extractions: pa.Table) -> pa.Table:
     """One row per (episode, extracted entity), with the resolution key."""
     entities = extractions["entities"]

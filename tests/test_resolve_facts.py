@@ -7,7 +7,6 @@ from tkg.pipeline.config import FactsConfig
 from tkg.pipeline.facts import fact_mentions, fact_rows, merge_facts
 from tkg.pipeline.resolve import (
     alias_rows,
-    entity_id,
     episode_mentions,
     mention_rows,
     normalize_name,
@@ -32,11 +31,6 @@ def test_normalize_name():
     assert normalize_name("Initech Inc.") == "initech inc"
     assert normalize_name("São José") == "são josé"
     assert normalize_name("A.B. Corp") != ""
-
-
-def test_entity_ids_are_per_group():
-    assert entity_id("a", "Alice") == entity_id("a", "alice")
-    assert entity_id("a", "Alice") != entity_id("b", "Alice")
 
 
 def canonical_name(names: Counter[str]) -> str:
@@ -91,8 +85,8 @@ def test_same_fact_in_other_words_is_one_edge_with_both_episodes():
     mentions = fact_mentions(table)
     assert mentions["source_normalized"].to_pylist() == ["ana"] * 3
     resolved = mentions.append_column(
-        "source_entity_id", pa.array([entity_id("g", "ana")] * 3)).append_column(
-        "target_entity_id", pa.array([entity_id("g", "porto")] * 3))
+        "source_entity_id", pa.array(["ana-id"] * 3)).append_column(
+        "target_entity_id", pa.array(["porto-id"] * 3))
     rows = fact_rows(resolved, FactsConfig())
     assert rows["relation"].to_pylist() == ["LIVES_IN", "LIVES_IN", "WORK_IN"]
     assert len(set(rows["edge_id"].to_pylist())) == 2
@@ -102,7 +96,7 @@ def test_same_fact_in_other_words_is_one_edge_with_both_episodes():
     assert edge["valid_at"] == T1  # no date in the text: the earliest episode's time
     assert edge["fact"] == "Ana lives in Porto."
     assert edge["version"] == 1 and edge["expired_at"] is None
-    assert edge["source_entity_id"] == entity_id("g", "Ana")
+    assert edge["source_entity_id"] == "ana-id"
 
 
 def test_entity_summaries_list_the_best_attested_facts_that_still_hold():
