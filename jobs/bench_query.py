@@ -14,7 +14,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-import zlib
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -25,45 +24,15 @@ import pyarrow.parquet as pq
 from tkg.jobs.figures import print_figures
 from tkg.pipeline import schema, store
 from tkg.pipeline.config import QueryConfig
+from tkg.pipeline.synthetic_embed import TOPICS, SyntheticEmbedder, model_name
+from tkg.pipeline.synthetic_embed import centroids as _centroids
 
-TOPICS = 512
+__all__ = ["SyntheticEmbedder", "bench_query", "synth_tables", "write_store"]
 VOCABULARY = 20_000
 RELATIONS = ("WORKS_AT", "LIVES_IN", "KNOWS", "OWNS", "ATTENDS", "REPORTS_TO", "MANAGES",
              "VISITED", "BOUGHT", "STATUS")
 EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
 BUILT = datetime(2025, 1, 1, tzinfo=UTC)
-
-
-class SyntheticEmbedder:
-    """A seeded unit vector per text near one of the topic centroids: as cheap as a hash."""
-
-    def __init__(self, centroids: np.ndarray) -> None:
-        self.centroids = centroids
-        self.dim = centroids.shape[1]
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for i, text in enumerate(texts):
-            rng = np.random.default_rng(zlib.crc32(text.encode()))
-            v = self.centroids[rng.integers(len(self.centroids))] + 0.3 * rng.standard_normal(
-                self.dim, dtype=np.float32) / np.sqrt(self.dim)
-            out[i] = v / np.linalg.norm(v)
-        return out
-
-
-def stored_embedder(store_dir: str | Path) -> SyntheticEmbedder:
-    """The query embedder of a bench store (from the seed and dim in its manifest), for a
-    server started by name: `tkg bench serve` passes `tkg.jobs.bench_query:stored_embedder`."""
-    embedding = store.read_manifest(store.current_snapshot(Path(store_dir)))["embedding"]
-    return SyntheticEmbedder(_centroids(int(embedding["dim"]), int(embedding.get("seed", 0))))
-
-
-def _centroids(dim: int, seed: int, rng: np.random.Generator | None = None) -> np.ndarray:
-    """Topic centroids: the first draw of the store's generator, so a kept store's query
-    embedder can be rebuilt from its seed."""
-    rng = rng or np.random.default_rng(seed)
-    centroids = rng.standard_normal((TOPICS, dim), dtype=np.float32)
-    return centroids / np.linalg.norm(centroids, axis=1, keepdims=True)
 
 
 def _vectors(rng: np.random.Generator, centroids: np.ndarray, topics: np.ndarray,
@@ -161,19 +130,18 @@ def synth_tables(facts: int, dim: int, groups: int, seed: int) -> tuple[dict[str
 
 
 def write_store(root: Path, tables: dict[str, pa.Table], dim: int,
-                config: QueryConfig, seed: int = 0) -> dict[str, Any]:
-    """A published snapshot of the synthetic tables: mentions as Parquet (the graph reads
-    them), the retrieval indexes, a manifest, CURRENT."""
+                config: QueryConfig, seed: int = 0, run_id: str = "bench-1") -> dict[str, Any]:
+    """A published snapshot `run_id` of the synthetic tables: mentions as Parquet (the graph
+    reads them), the retrieval indexes, a manifest, CURRENT."""
     from tkg.pipeline.index import build_indexes
 
-    run_id = "bench-1"
     snapshot = store.prepare_snapshot(root, run_id)
     (snapshot / "mentions").mkdir(parents=True)
     pq.write_table(tables["mentions"], snapshot / "mentions" / "part-0.parquet")
     figures = build_indexes(snapshot, dim, config, tables=tables)
-    store.write_manifest(snapshot, {"run_id": run_id, "embedding": {"model": "synthetic",
-                                                                     "dim": dim, "seed": seed},
-                                    "config": {"query": config.model_dump()},
+    embed = {"backend": "synthetic", "model": model_name(dim, seed)}
+    store.write_manifest(snapshot, {"run_id": run_id, "embedding": {**embed, "dim": dim},
+                                    "config": {"query": config.model_dump(), "embed": embed},
                                     "retrieval": figures})
     store.switch_current(root, run_id)
     return figures
@@ -228,13 +196,12 @@ def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 
             shutil.rmtree(root)
         root.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        tables, centroids = synth_tables(facts, dim, groups, seed)
+        tables, _ = synth_tables(facts, dim, groups, seed)
         generated = time.perf_counter() - started
         index = write_store(root, tables, dim, config, seed)
         del tables
-    centroids = _centroids(dim, seed)
     started = time.perf_counter()
-    retriever = query.open(root, embedder=SyntheticEmbedder(centroids), config=config)
+    retriever = query.open(root, config=config)  # (the manifest names the synthetic embedder)
     opened = time.perf_counter() - started
     snapshot = retriever.snapshot()
     work = _workload({"facts": snapshot.kinds["facts"].meta}, queries, seed)

@@ -1,10 +1,10 @@
 """`tkg bench serve --facts N`: HTTP throughput and latency of `tkg serve` under load.
 
 A synthetic store of N facts (the generator of `tkg bench query`: entities, episodes and
-communities in proportion, synthetic vectors, a seeded synthetic query embedder so the model
-is not what is timed) is served on loopback by `serve` in a child process (with `processes`
-server processes, by default one per CPU); another process sends `POST /search` requests of
-the default recipe from `concurrency` connections for `seconds`.
+communities in proportion, synthetic vectors, a manifest naming the seeded synthetic query
+embedder so the model is not what is timed) is served on loopback by `serve` in a child
+process (with `processes` server processes, by default one per CPU); another process sends
+`POST /search` requests of the default recipe from `concurrency` connections for `seconds`.
 Halfway through, a new snapshot is published (a hard-linked copy of the first under a new
 run id, then CURRENT is switched): the server opens it in the background and switches, and
 the figures show whether any request failed or slowed. Prints throughput, p50/p95/p99 and
@@ -155,17 +155,20 @@ def _serving(url: str) -> str | None:
         return None
 
 
-def start_server(root: Path, limits: Any, timeout_s: float = 300.0
+def start_server(root: Path, limits: Any, timeout_s: float = 300.0, query: Any = None
                  ) -> tuple[subprocess.Popen, str]:
-    """`serve` on a bench store in a child process (with the store's synthetic query
-    embedder) and its URL, once it answers; `limits` is a ServeConfig."""
+    """`serve` on a bench store in a child process and its URL, once it answers; `limits`
+    is a ServeConfig, `query` a QueryConfig or None (the snapshot's). (The store's manifest
+    names its synthetic query embedder.)"""
     url = f"http://127.0.0.1:{_free_port()}"
     server = subprocess.Popen(
         [sys.executable, "-c", "import sys; from tkg.query.serve import serve; "
-         "from tkg.pipeline.config import ServeConfig; serve(sys.argv[1], port=int(sys.argv[2]), "
+         "from tkg.pipeline.config import QueryConfig, ServeConfig; "
+         "serve(sys.argv[1], port=int(sys.argv[2]), "
          "limits=ServeConfig.model_validate_json(sys.argv[3]), "
-         "embedder='tkg.jobs.bench_query:stored_embedder')", str(root), url.rsplit(":", 1)[1],
-         limits.model_dump_json()], stdout=subprocess.DEVNULL)
+         "query=QueryConfig.model_validate_json(sys.argv[4]) if sys.argv[4] else None)",
+         str(root), url.rsplit(":", 1)[1], limits.model_dump_json(),
+         query.model_dump_json() if query is not None else ""], stdout=subprocess.DEVNULL)
     deadline = time.perf_counter() + timeout_s
     while _serving(url) is None:  # every retrieval process opens the snapshot first
         if server.poll() is not None or time.perf_counter() > deadline:

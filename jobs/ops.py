@@ -9,13 +9,15 @@ from typing import Any
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from tkg.jobs.query_commands import configured_query
     from tkg.pipeline.config import load_config
     from tkg.query.serve import serve
 
     limits = load_config(args.config).serve
     if args.processes is not None:
         limits = limits.model_copy(update={"processes": args.processes})
-    serve(args.store, host=args.host, port=args.port, keys_file=args.keys, limits=limits)
+    serve(args.store, host=args.host, port=args.port, keys_file=args.keys, limits=limits,
+          query=configured_query(args.config))
     return 0
 
 
@@ -66,7 +68,9 @@ def add_commands(commands: Any, benches: Any) -> None:
                        help="bind address; anything but loopback needs --keys")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--keys", default=None, help="API keys file (see `tkg keys add`)")
-    serve.add_argument("--config", default=None, help="YAML config (its `serve` bounds)")
+    serve.add_argument("--config", default=None,
+                       help="YAML config: its `serve` bounds, and its `query` section "
+                            "(recipe, limit, budgets) when it has one")
     serve.add_argument("--processes", type=int, default=None,
                        help="retrieval processes (default: serve.processes, 1); one per CPU "
                             "for throughput")

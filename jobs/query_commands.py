@@ -4,16 +4,38 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tkg.pipeline.config import QueryConfig
+    from tkg.query.api import Retriever
+
+
+def configured_query(path: str | None) -> QueryConfig | None:
+    """The `query` section of a YAML config when it has one; None: the snapshot's own (the
+    one it was built with)."""
+    from tkg.pipeline.config import load_config
+
+    config = load_config(path) if path else None
+    return config.query if config is not None and "query" in config.model_fields_set else None
+
+
+def _open(args: argparse.Namespace) -> Retriever:
+    from tkg import query
+
+    return query.open(args.store, config=configured_query(args.config))
 
 
 def _add_query_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, help="store folder")
+    parser.add_argument("--config", default=None,
+                        help="YAML config whose `query` section (recipe, limit, budgets) "
+                             "replaces the snapshot's")
     parser.add_argument("--group", action="append", required=True,
                         help="group id to search (repeatable); nothing else is visible")
     parser.add_argument("--query", required=True, help="the query text")
     parser.add_argument("--limit", type=int, default=None, help="results per kind (10)")
-    parser.add_argument("--recipe", default=None, help="search recipe (combined_hybrid_rrf)")
+    parser.add_argument("--recipe", default=None, help="search recipe (default: query.recipe)")
     parser.add_argument("--as-of", default=None, help="valid time, ISO-8601 (default: now)")
     parser.add_argument("--known-at", default=None,
                         help="transaction time, ISO-8601: what the store believed then")
@@ -31,9 +53,7 @@ def _search_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from tkg import query
-
-    result = query.open(args.store).search(args.query, args.group, **_search_kwargs(args))
+    result = _open(args).search(args.query, args.group, **_search_kwargs(args))
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
         return 0
@@ -46,21 +66,17 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_context(args: argparse.Namespace) -> int:
-    from tkg import query
-
-    print(query.open(args.store).context(args.query, args.group, max_tokens=args.max_tokens,
+    print(_open(args).context(args.query, args.group, max_tokens=args.max_tokens,
                                          **_search_kwargs(args)))
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from tkg.query.eval import evaluate, load_questions, print_report
-    from tkg.query.recipes import DEFAULT
 
-    from tkg import query
-
-    retriever = query.open(args.store)
-    report = evaluate(retriever, load_questions(args.questions), args.recipe or DEFAULT,
+    retriever = _open(args)
+    recipe = retriever.recipe(args.recipe).name
+    report = evaluate(retriever, load_questions(args.questions), recipe,
                       k=args.k, context_tokens=args.max_tokens or retriever.config.context_tokens)
     if args.json:
         print(json.dumps(report, ensure_ascii=False))
@@ -96,8 +112,10 @@ def add_query_commands(commands: Any, benches: Any) -> None:
 
     evaluation = commands.add_parser("eval", help="retrieval quality on labelled questions")
     evaluation.add_argument("--store", required=True)
+    evaluation.add_argument("--config", default=None,
+                            help="YAML config whose `query` section replaces the snapshot's")
     evaluation.add_argument("--questions", required=True, help="JSON Lines question file")
-    evaluation.add_argument("--recipe", default=None)
+    evaluation.add_argument("--recipe", default=None, help="default: query.recipe")
     evaluation.add_argument("--k", type=int, default=10)
     evaluation.add_argument("--max-tokens", type=int, default=None,
                             help="context budget for answer-in-context (2000)")

@@ -1,14 +1,13 @@
 """`tkg.query.open(store)`: f(q) = constructor(rerank(search(q))) over the current snapshot.
 
 The retriever opens a snapshot once (LanceDB tables, row metadata, graph arrays) and keeps
-it until `STORE/CURRENT` changes: each call stats that one small file (and reads it only
-when its mtime or size moved), so a newly published snapshot is picked up without a
-restart and an unchanged one costs nothing. It is safe to share between threads.
+it until `STORE/CURRENT` changes (`snapshot.SnapshotHolder`), so a newly published
+snapshot is picked up without a restart and an unchanged one costs a stat. A search runs
+on the snapshot it started on. It is safe to share between threads.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tkg.pipeline import store
 from tkg.pipeline.config import EmbedConfig, QueryConfig
 from tkg.query import rerank
 from tkg.query.context import build_context
@@ -43,7 +41,13 @@ from tkg.query.search import (
     vectors_of,
     with_labels,
 )
-from tkg.query.snapshot import QueryError, Snapshot, open_snapshot, snapshot_config
+from tkg.query.snapshot import (
+    QueryError,
+    Snapshot,
+    SnapshotHolder,
+    open_snapshot,
+    snapshot_config,
+)
 
 KINDS = ("facts", "entities", "communities", "episodes")
 ENTITY_PROVENANCE = 2  # newest episodes cited per top entity
@@ -131,37 +135,21 @@ class Retriever:
     """Search and context over a store's current snapshot (see the module docstring)."""
 
     def __init__(self, store_dir: str | Path, embedder: Any = None,
-                 config: QueryConfig | None = None, cross_encoder: Any = None) -> None:
+                 config: QueryConfig | None = None, cross_encoder: Any = None,
+                 snapshots: SnapshotHolder[Snapshot] | None = None) -> None:
         self.store = Path(store_dir)
         self._embedder = embedder
         self._config = config
         self._cross_encoder = cross_encoder
-        self._lock = threading.Lock()
-        self._stamp: tuple[int, int, int] | None = None
-        self._snapshot: Snapshot | None = None
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_lock = threading.Lock()
-        self.snapshot()
+        self.snapshots = snapshots or SnapshotHolder(
+            self.store, lambda path: open_snapshot(path, self._config))
 
     # --- snapshot and models -----------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        """The current snapshot, reopened only when STORE/CURRENT changed."""
-        pointer = self.store / "CURRENT"
-        try:
-            info = os.stat(pointer)
-            stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
-        except FileNotFoundError:
-            stamp = None
-        if stamp is not None and stamp == self._stamp and self._snapshot is not None:
-            return self._snapshot
-        with self._lock:
-            run_id = store.current_run(self.store)
-            if self._snapshot is None or run_id != self._snapshot.run_id:
-                self._snapshot = open_snapshot(store.current_snapshot(self.store),
-                                               self._config)
-                self._vectors.clear()
-            self._stamp = stamp
-            return self._snapshot
+        """The current snapshot (see `SnapshotHolder`: reopened only when CURRENT moved)."""
+        return self.snapshots.get()
 
     @property
     def config(self) -> QueryConfig:
@@ -206,7 +194,7 @@ class Retriever:
         if not isinstance(text, str):
             raise QueryError("the query text must be a string")
         snap = self.snapshot()
-        recipe = recipe if isinstance(recipe, Recipe) else get_recipe(recipe or self.config.recipe)
+        recipe = self.recipe(recipe)
         limit = self.config.limit if limit is None else int(limit)
         if not 1 <= limit <= 1_000:
             raise QueryError(f"limit must be within 1..1000, got {limit}")
@@ -218,8 +206,15 @@ class Retriever:
                 max_tokens: int | None = None, **search: Any) -> str:
         """The context string for an agent (facts with date ranges, entities, communities,
         cited episodes) within `max_tokens`."""
-        result = self.search(text, group_ids, **search)
+        return self.context_of(self.search(text, group_ids, **search), max_tokens)
+
+    def context_of(self, result: SearchResult, max_tokens: int | None = None) -> str:
+        """The context string of a search result (default budget: query.context_tokens)."""
         return build_context(result, max_tokens or self.config.context_tokens)
+
+    def recipe(self, recipe: str | Recipe | None = None) -> Recipe:
+        """A recipe by name, as given, or the configured one (query.recipe)."""
+        return recipe if isinstance(recipe, Recipe) else get_recipe(recipe or self.config.recipe)
 
 
 class _Run:

@@ -3,9 +3,13 @@ entity graph in memory (integer arrays), so a query costs index lookups, not loa
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -13,11 +17,89 @@ import pyarrow.compute as pc
 from tkg.pipeline import store
 from tkg.pipeline.config import QueryConfig
 from tkg.pipeline.index import LANCE_DIR, SPECS, read_published
+from tkg.query.catalog import Catalog
 from tkg.query.lexical import TermIndex
+
+log = logging.getLogger("tkg.snapshot")
 
 
 class QueryError(ValueError):
     """A query that cannot run as asked; the message says what to change."""
+
+
+class Published(Protocol):
+    run_id: str
+
+
+S = TypeVar("S", bound=Published)
+
+
+class SnapshotHolder(Generic[S]):
+    """The snapshot STORE/CURRENT names, opened once by `open_run(snapshot_path)` and
+    reopened when CURRENT moves.
+
+    Without a watcher, `get` checks CURRENT itself (one stat; the file is read only when its
+    mtime, size or inode moved) and opens a newly published snapshot on the caller's thread.
+    After `watch`, a background thread does that and `get` returns what is open, so no caller
+    waits for a load; a snapshot that cannot be opened is logged and the old one kept.
+    A switch is one reference swap: a caller keeps the snapshot `get` gave it to the end."""
+
+    def __init__(self, store_dir: str | Path, open_run: Callable[[Path], S]) -> None:
+        self.store = Path(store_dir)
+        self.switches = 0
+        self._open_run = open_run
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._current: S | None = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+        self.refresh()
+
+    def get(self) -> S:
+        if self._watcher is None:
+            self.refresh()
+        assert self._current is not None
+        return self._current
+
+    def refresh(self) -> bool:
+        """Open and switch to the published snapshot if CURRENT moved (True when it did)."""
+        stamp = self._pointer_stamp()
+        if stamp is not None and stamp == self._stamp and self._current is not None:
+            return False
+        with self._lock:
+            path = store.current_snapshot(self.store)
+            if self._current is not None and path.name == self._current.run_id:
+                self._stamp = stamp
+                return False
+            opened = self._open_run(path)
+            if self._current is not None:
+                self.switches += 1
+            self._current, self._stamp = opened, stamp
+        log.info("now serving snapshot %s", opened.run_id)
+        return True
+
+    def _pointer_stamp(self) -> tuple[int, int, int] | None:
+        try:
+            info = os.stat(self.store / "CURRENT")
+        except FileNotFoundError:
+            return None
+        return info.st_mtime_ns, info.st_size, info.st_ino
+
+    def watch(self, every: float) -> None:
+        """Check CURRENT every `every` seconds on a background thread, until `stop`."""
+        def loop() -> None:
+            while not self._stop.wait(every):
+                try:
+                    self.refresh()
+                except Exception:
+                    log.exception("the published snapshot could not be opened; still "
+                                  "serving %s", self.get().run_id)
+
+        self._watcher = threading.Thread(target=loop, name="tkg-snapshot-watch", daemon=True)
+        self._watcher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 @dataclass
@@ -87,6 +169,10 @@ class Snapshot:
     episode_entities: Csr  # episode row -> entity rows it mentions
     entity_rows: dict[str, int] = field(repr=False)
     episode_rows: dict[str, int] = field(repr=False)
+    catalog: Catalog = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.catalog = Catalog(self.path)
 
     @property
     def dim(self) -> int:

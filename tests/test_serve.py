@@ -1,6 +1,7 @@
 """`tkg serve` over the sample corpus (the session's `corpus_build`, served from a
-hard-linked copy so snapshots can be switched here): tenancy with keys, bounds, timeouts,
-hostile queries, snapshot switch without restart, metrics, the CLI's refusals."""
+hard-linked copy): tenancy with keys, bounds, timeouts, hostile queries, metrics, the CLI's
+refusals; on synthetic stores: a snapshot switch under a request held in flight, the
+configured recipe, retrieval processes."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ import threading
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-pytest.importorskip("fastapi")
-from fastapi.testclient import TestClient
+from tkg.jobs.bench_query import synth_tables, write_store
 from tkg.jobs.bench_serve import publish_copy
 from tkg.pipeline import store
-from tkg.pipeline.config import ServeConfig
+from tkg.pipeline.config import EmbedConfig, QueryConfig, ServeConfig
+from tkg.pipeline.synthetic_embed import model_name, synthetic_embedder
 from tkg.query import keys as api_keys
+from tkg.query.rerank import BiEncoderSecondPass
 from tkg.query.serve import check_bind, create_app
 
 ACME_WORDS = ["Maria Lopez", "Initech", "Globex", "Alice Chen", "Paris"]
@@ -200,40 +202,109 @@ def test_a_slow_request_gets_503_not_a_hung_worker(served):
         assert client.get("/healthz").status_code == 200
 
 
-def test_a_new_snapshot_is_served_without_restart(served):
-    client, key, app = served["client"], served["keys"]["acme"], served["app"]
-    snapshots = app.state.snapshots
-    body = {"query": "Maria Lopez", "group_ids": ["acme"]}
-    before = client.post("/search", json=body, headers=auth(key))
-    assert before.headers["x-tkg-snapshot"] == "s1"
-    old = snapshots.current
-    statuses: list[tuple[int, str]] = []
+def fact_pairs(tables) -> set[tuple[str, str]]:
+    return set(zip(tables["facts"]["edge_id"].to_pylist(), tables["facts"]["fact"].to_pylist(),
+                   strict=True))
 
-    def load() -> None:
-        for _ in range(6):
-            r = client.post("/search", json=body, headers=auth(key))
-            statuses.append((r.status_code, r.headers.get("x-tkg-snapshot")))
 
-    threads = [threading.Thread(target=load) for _ in range(3)]
-    for t in threads:
-        t.start()
-    publish_copy(served["store"], "s1", "s2")
-    snapshots.watch(0.05)
-    for t in threads:
-        t.join()
-    for _ in range(400):
-        if snapshots.current.run_id == "s2":
-            break
-        threading.Event().wait(0.05)
-    snapshots.stop()
-    assert {s for s, _ in statuses} == {200}
-    assert {snap for _, snap in statuses} <= {"s1", "s2"}
-    after = client.post("/search", json=body, headers=auth(key))
-    assert after.headers["x-tkg-snapshot"] == "s2"
-    assert after.json() == before.json()
-    # A request that started on s1 finishes on s1: its retriever stays pinned there.
-    assert old.retriever.search("Maria Lopez", ["acme"]).to_dict() == before.json()
-    assert client.get("/healthz").json()["snapshot"] == "s2"
+class HeldEncoder:
+    """A cross-encoder (the bi-encoder second pass on the store's synthetic embedder) that,
+    once armed, holds the request calling it until released: a search paused mid-flight,
+    after it chose its snapshot and before it answered."""
+
+    def __init__(self, dim: int, seed: int) -> None:
+        embedder = synthetic_embedder(EmbedConfig(backend="synthetic",
+                                                  model=model_name(dim, seed)))
+        self.inner = BiEncoderSecondPass(embedder)
+        self.armed = False
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def score(self, query: str, passages: list[str]):
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            assert self.release.wait(120), "the test never released the request"
+        return self.inner.score(query, passages)
+
+
+class LiveServer:
+    """The app on a real HTTP socket (uvicorn on 127.0.0.1, in a thread)."""
+
+    def __init__(self, app) -> None:
+        import socket
+
+        import uvicorn
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                                    log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        while not self.server.started:
+            assert self.thread.is_alive(), "the server did not start"
+            threading.Event().wait(0.02)
+        return self.url
+
+    def __exit__(self, *_) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def test_a_request_in_flight_across_a_switch_answers_from_its_snapshot(tmp_path):
+    """A search holds (in the cross-encoder) while a snapshot with different facts is
+    published and switched to: it answers from the old snapshot, the next from the new."""
+    import httpx
+
+    old, _ = synth_tables(1_500, 32, 2, seed=5)
+    new, _ = synth_tables(1_500, 32, 2, seed=6)  # same ids, other texts
+    write_store(tmp_path, old, 32, QueryConfig(), seed=5, run_id="s1")
+    encoder = HeldEncoder(32, 5)
+    app = create_app(tmp_path, None, ServeConfig(), watch=False, cross_encoder=encoder)
+    holder = app.state.service.snapshots
+    body = {"query": old["facts"]["fact"][3].as_py(), "group_ids": ["g000"],
+            "recipe": "combined_cross_encoder"}
+    answers: dict[str, httpx.Response] = {}
+    with LiveServer(app) as url:
+        encoder.armed = True
+        held = threading.Thread(target=lambda: answers.update(
+            held=httpx.post(f"{url}/search", json=body, timeout=120)))
+        held.start()
+        assert encoder.entered.wait(60)
+        write_store(tmp_path, new, 32, QueryConfig(), seed=5, run_id="s2")
+        assert holder.refresh() and holder.get().run_id == "s2"
+        encoder.release.set()
+        held.join(timeout=120)
+        after = httpx.post(f"{url}/search", json=body, timeout=120)
+        health = httpx.get(f"{url}/healthz").json()
+    before = answers["held"]
+    assert before.status_code == after.status_code == 200
+    assert before.headers["x-tkg-snapshot"] == "s1" and after.headers["x-tkg-snapshot"] == "s2"
+    was = {(f["edge_id"], f["fact"]) for f in before.json()["facts"]}
+    now = {(f["edge_id"], f["fact"]) for f in after.json()["facts"]}
+    assert was and was <= fact_pairs(old) and not was & fact_pairs(new)
+    assert now and now <= fact_pairs(new) and not now & fact_pairs(old)
+    assert health["snapshot"] == "s2" and health["switches"] == 1
+
+
+def test_the_configured_recipe_reaches_the_server(tmp_path):
+    """`query.recipe` (here facts only) answers requests that name no recipe, also when they
+    vary its BFS depth; a request's own recipe still wins."""
+    tables, _ = synth_tables(1_500, 32, 2, seed=5)
+    write_store(tmp_path, tables, 32, QueryConfig(), seed=5)
+    app = create_app(tmp_path, None, ServeConfig(), watch=False,
+                     query=QueryConfig(recipe="facts_hybrid_rrf"))
+    body = {"query": tables["facts"]["fact"][3].as_py(), "group_ids": ["g000"]}
+    with TestClient(app) as client:
+        for extra in ({}, {"bfs_hops": 1}):
+            found = client.post("/search", json={**body, **extra}).json()
+            assert found["facts"] and not (found["entities"] or found["communities"]), extra
+        combined = client.post("/search", json={**body, "recipe": "combined_hybrid_rrf"})
+        assert combined.json()["entities"] and combined.json()["communities"]
 
 
 def test_metrics_and_docs(served):
@@ -275,24 +346,24 @@ def test_without_keys_only_loopback(capsys):
 
 def test_retrieval_processes_answer_count_and_switch(tmp_path):
     """`serve.processes = 2`: searches run in two retrieval processes behind one HTTP
-    process, metrics count them all, and a published snapshot reaches both retrieval
-    processes without a failed request."""
+    process with the configured recipe (facts only), metrics count them all, and a
+    published snapshot reaches both retrieval processes without a failed request."""
     import time
 
     import httpx
-    from tkg.jobs.bench_query import synth_tables, write_store
     from tkg.jobs.bench_serve import _serving, start_server
-    from tkg.pipeline.config import QueryConfig
 
     tables, _ = synth_tables(2_000, 32, 2, seed=5)
     write_store(tmp_path, tables, 32, QueryConfig(), seed=5)
-    server, url = start_server(tmp_path, ServeConfig(processes=2, poll_s=0.05), 120)
+    server, url = start_server(tmp_path, ServeConfig(processes=2, poll_s=0.05), 120,
+                               query=QueryConfig(recipe="facts_hybrid_rrf"))
     try:
         assert _serving(url) == "bench-1"
         body = {"query": tables["facts"]["fact"][3].as_py(), "group_ids": ["g000"]}
         answers = [httpx.post(f"{url}/search", json=body, timeout=30) for _ in range(40)]
         assert {r.status_code for r in answers} == {200}
         assert len({json.dumps(r.json()) for r in answers}) == 1
+        assert answers[0].json()["facts"] and not answers[0].json()["entities"]
         for _ in range(2):
             line = next(x for x in httpx.get(f"{url}/metrics").text.splitlines()
                         if x.startswith('tkg_requests_total{endpoint="/search",status="200"}'))

@@ -1,0 +1,88 @@
+"""A snapshot's DuckDB catalog, and the fact-history and entity lookups `tkg serve` and the
+MCP server answer from it: parameterized SQL, scoped to the caller's groups."""
+
+from __future__ import annotations
+
+import threading
+from datetime import date, datetime
+from pathlib import Path
+from typing import Any
+
+from tkg.pipeline import store
+
+HISTORY_SQL = """
+    SELECT f.edge_id, f.version, f.group_id, f.relation, f.fact, s.name AS source,
+           t.name AS target, f.valid_at, f.invalid_at, f.created_at, f.expired_at,
+           f.invalidated_by, f.episode_ids
+    FROM facts f
+    LEFT JOIN entities s ON s.entity_id = f.source_entity_id AND s.group_id = f.group_id
+    LEFT JOIN entities t ON t.entity_id = f.target_entity_id AND t.group_id = f.group_id
+    WHERE f.edge_id = ? AND list_contains(?, f.group_id)
+    ORDER BY f.version"""
+ENTITY_SQL = """
+    SELECT entity_id, group_id, name, labels, summary, attributes, first_seen, last_seen,
+           mention_count
+    FROM entities WHERE entity_id = ? AND list_contains(?, group_id)"""
+ALIASES_SQL = """
+    SELECT DISTINCT alias, evidence FROM entity_aliases
+    WHERE entity_id = ? AND list_contains(?, group_id) ORDER BY alias"""
+
+
+class Catalog:
+    """A snapshot's DuckDB catalog (fact history, entities), opened read-only on first use;
+    each query has its own cursor, so threads share one connection."""
+
+    def __init__(self, snapshot: Path) -> None:
+        self.path = Path(snapshot) / store.CATALOG
+        self._con: Any = None
+        self._lock = threading.Lock()
+
+    def rows(self, sql: str, params: list[Any]) -> list[dict[str, Any]] | None:
+        """The result as JSON-ready dicts (times as ISO strings); None without a catalog."""
+        with self._lock:
+            if self._con is None:
+                if not self.path.is_file():
+                    return None
+                self._con = store.open_catalog(self.path.parent)
+        cursor = self._con.cursor()
+        try:
+            return json_rows(cursor.execute(sql, params))
+        finally:
+            cursor.close()
+
+
+def json_rows(cursor: Any) -> list[dict[str, Any]]:
+    """A DuckDB result as dicts of JSON values (times as ISO strings)."""
+    columns = [d[0] for d in cursor.description]
+    return [{c: _json_value(v) for c, v in zip(columns, row, strict=True)}
+            for row in cursor.fetchall()]
+
+
+def _json_value(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime | date) else value
+
+
+class NoCatalog(LookupError):
+    """The snapshot has no DuckDB catalog."""
+
+
+def _query(catalog: Catalog, sql: str, params: list[Any]) -> list[dict[str, Any]]:
+    found = catalog.rows(sql, params)
+    if found is None:
+        raise NoCatalog("this snapshot has no catalog")
+    return found
+
+
+def history(catalog: Catalog, edge_id: str, groups: list[str]) -> list[dict[str, Any]]:
+    """Every version of a fact within `groups`, oldest first."""
+    return _query(catalog, HISTORY_SQL, [edge_id, groups])
+
+
+def entity(catalog: Catalog, entity_id: str, groups: list[str]) -> dict[str, Any] | None:
+    """One entity within `groups` with its aliases, or None."""
+    rows = _query(catalog, ENTITY_SQL, [entity_id, groups])
+    if not rows:
+        return None
+    found = rows[0]
+    found["aliases"] = _query(catalog, ALIASES_SQL, [entity_id, [found["group_id"]]])
+    return found
