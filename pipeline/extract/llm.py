@@ -12,7 +12,7 @@ from __future__ import annotations
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.extract.base import EpisodeInput, Extraction
 from tkg.pipeline.extract.records import extract_record
-from tkg.pipeline.llm import build_llm
+from tkg.pipeline.llm import LLMS, build_llm
 from tkg.pipeline.llm.calls import complete_parsed
 from tkg.pipeline.llm.parse import parse_extraction
 from tkg.pipeline.llm.prompting import extraction_request, reflexion_request
@@ -82,9 +82,8 @@ def _guarded_record(episode: EpisodeInput, max_depth: int) -> Extraction:
 
 def dataset_extractor(config: TkgConfig):
     """The extraction that runs on a whole Ray Dataset instead of per batch (vLLM on GPU
-    actors through ray.data.llm), or None when extraction runs through `Extractor`."""
-    if config.extract.backend == "llm" and config.llm.backend == "vllm":
-        from tkg.pipeline.llm.vllm import vllm_extract
-
-        return vllm_extract
-    return None
+    actors through ray.data.llm: the backend's `dataset_extract`), or None when extraction
+    runs through `Extractor`."""
+    if config.extract.backend != "llm" or config.llm.backend not in LLMS:
+        return None
+    return getattr(LLMS.factory(config.llm.backend), "dataset_extract", None)

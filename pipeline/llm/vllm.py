@@ -194,7 +194,10 @@ def vllm_extract(episodes, config: TkgConfig, processor: Callable | None = None)
 class VllmBatchLLM:
     """The LLM protocol over the same processor, for the driver-side batched judgements:
     one dataset per batch of requests (engine start-up is paid per call, so judgements
-    are sent in as few batches as possible)."""
+    are sent in as few batches as possible). Extraction on it runs on the whole dataset
+    (`dataset_extract`) instead of per batch of episodes."""
+
+    dataset_extract = staticmethod(vllm_extract)
 
     def __init__(self, config: LlmConfig) -> None:
         self.config = config
