@@ -39,6 +39,13 @@ MALFORMED = (
 )
 
 
+def judgement_key(template: str) -> str:
+    """The recording key of a judgement template: its system prompt's first line."""
+    from tkg.pipeline.llm.prompting import load_prompt
+
+    return load_prompt(template).system.strip().splitlines()[0]
+
+
 def load_recorded(name: str) -> dict[str, dict]:
     """Recordings by key: episodes by content, judgements by their system prompt's line."""
     data = json.loads((RECORDED / name).read_text())

@@ -10,13 +10,9 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 from llm_server import RecordedLLM
+from llm_server import judgement_key as key
 from tkg.pipeline import facts, schema
 from tkg.pipeline.config import FactsConfig, TkgConfig
-from tkg.pipeline.llm.prompting import load_prompt
-
-
-def key(template: str) -> str:
-    return load_prompt(template).system.strip().splitlines()[0]
 
 
 def config_for(server, **llm) -> TkgConfig:
@@ -102,17 +98,19 @@ def test_unusable_judgement_decides_nothing():
     assert judge.usage.calls == 2  # asked once more with the error, then given up
 
 
-def test_community_summaries_map_reduce():
+def digest(cid, names, facts_):
     from tkg.pipeline.communities import CommunityDigest, MemberDigest
-    from tkg.pipeline.llm.judges import LlmSummarizer
 
-    def digest(cid, names, facts_):
-        members = tuple(MemberDigest(n.lower(), n, None, 1.0) for n in names)
-        values = {"community_id": cid, "group_id": "acme", "size": len(names),
-                  "central": members, "facts": tuple(facts_), "member_names": tuple(names),
-                  "member_strength": tuple(1.0 for _ in names)}
-        known = {f.name for f in dataclasses.fields(CommunityDigest)}
-        return CommunityDigest(**{k: v for k, v in values.items() if k in known})
+    members = tuple(MemberDigest(n.lower(), n, None, 1.0) for n in names)
+    values = {"community_id": cid, "group_id": "acme", "size": len(names),
+              "central": members, "facts": tuple(facts_), "member_names": tuple(names),
+              "member_strength": tuple(1.0 for _ in names)}
+    known = {f.name for f in dataclasses.fields(CommunityDigest)}
+    return CommunityDigest(**{k: v for k, v in values.items() if k in known})
+
+
+def test_community_summaries_map_reduce():
+    from tkg.pipeline.llm.judges import LlmSummarizer
 
     small = digest("c1", ["Robert Kim", "Globex Corporation"],
                    ["Robert Kim is the CTO of Globex Corporation."])
@@ -133,6 +131,20 @@ def test_community_summaries_map_reduce():
         False, False, True, True]
     assert [(t.name, t.summary) for t in texts] == [
         ("Hooli rollout team", "Daniel Okafor and Priya Nair run Hooli.")] * 2
+
+
+def test_unusable_community_summary_keeps_the_extractive_text():
+    from tkg.pipeline.communities import ExtractiveSummarizer
+    from tkg.pipeline.llm.judges import LlmSummarizer
+
+    good = digest("c1", ["Robert Kim", "Globex Corporation"], ["Robert Kim is the CTO."])
+    recorded = {key("summarize_reduce"): {"plan": ["malformed", "malformed"],
+                                          "completion": "{}"}}
+    with RecordedLLM(recorded) as server:
+        config = config_for(server)
+        texts = LlmSummarizer(config).summarize([good], [good])
+    assert texts == ExtractiveSummarizer(config.communities).summarize([good], [good])
+    assert texts[0].name and "Robert Kim" in texts[0].summary
 
 
 def test_usage_of_judges_in_actors_reaches_the_run_counters(ray_session):
