@@ -9,10 +9,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 # \Z, not $: "$" also matches before a trailing newline, which let "g1\n" through.
 GROUP_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
+MAX_RESULTS = 1_000  # results per kind any search may ask for (query.limit, a call's limit)
 
 
 class _Section(BaseModel):
@@ -167,6 +175,8 @@ class RelationClass(_Section):
     synonyms: tuple[str, ...] = ()
     prototypes: tuple[str, ...] = ()
     exclusive: bool = True
+    per: str | None = Field(None, description="a class whose object scopes this one: a role is "
+                            "exclusive per employer (the employer stated in the same episode)")
 
 
 DEFAULT_RELATION_CLASSES = (
@@ -174,13 +184,13 @@ DEFAULT_RELATION_CLASSES = (
         "LIVE_IN", "MOVE_TO", "RELOCATE_TO", "RESIDE_IN", "BE_BASE_IN", "SETTLE_IN",
         "MOVE_BACK_TO", "MOVE_INTO", "BASE_IN", "BE_NOW_BASE_IN"), prototypes=(
         "I live in the city", "I moved to the city", "I relocated to the city",
-        "I am now based in the city", "I moved into a house")),
+        "I am now based in the city", "I moved into a house", "I moved into a flat in the city")),
     RelationClass(name="employment", relation="WORKS_AT", synonyms=(
         "WORK_AT", "WORK_FOR", "JOIN", "BE_EMPLOY_BY", "BE_EMPLOY_AT", "BE_HIRE_BY",
         "START_WORK_AT", "GET_HIRE_AT", "BE_HIRE_AT", "TRANSFER_TO"), prototypes=(
         "I work at the company", "I got hired at the company", "I joined the company",
         "I started a new job at the company", "I accepted an offer from the company",
-        "I transferred to the company")),
+        "I transferred to the company", "I work as an engineer at the company")),
     RelationClass(name="school", relation="ATTENDS", synonyms=(
         "ATTEND", "START_SCHOOL_AT", "ENROLL_IN", "ENROLL_AT", "BE_ENROLL_AT",
         "BE_ENROLL_IN", "GO_TO_SCHOOL_AT", "SCHOOL"), prototypes=(
@@ -190,7 +200,7 @@ DEFAULT_RELATION_CLASSES = (
         prototypes=("I am dating someone", "I married someone", "I got engaged to someone")),
     RelationClass(name="role", relation="WORKS_AS", synonyms=(
         "WORK_AS", "SERVE_AS", "BE_PROMOTE_TO", "PROMOTE_TO", "GET_PROMOTE_TO", "BE_HIRE_AS",
-        "JOIN_AS", "START_AS", "TITLE"), prototypes=(
+        "JOIN_AS", "START_AS", "TITLE"), per="employment", prototypes=(
         "I work as an engineer", "I was promoted to senior manager", "my new title is director")),
     RelationClass(name="status", relation="STATUS", synonyms=("STAGE", "STATE")),
     RelationClass(name="company", relation="COMPANY", synonyms=("EMPLOYER", "ORGANIZATION")),
@@ -321,8 +331,15 @@ class QueryConfig(_Section):
         "memory (about 70 bytes a row) and rank full-text searches there, exactly as the "
         "native index would; larger tables, and label or relation filters, use LanceDB")
     recipe: str = Field("combined_hybrid_rrf", description="default search recipe")
-    limit: int = Field(10, ge=1, le=1_000, description="results per kind")
+    limit: int = Field(10, ge=1, le=MAX_RESULTS, description="results per kind")
     context_tokens: int = Field(2_000, ge=50, description="token budget of `tkg context`")
+    cross_encoder: Literal["bi_encoder", "bge"] = Field(
+        "bi_encoder", description="the model of recipes ranked by `cross_encoder`: bi_encoder "
+        "= a second-pass score with the build's embedder (CPU, no extra model); bge = "
+        "FlagEmbedding's BGE reranker, `cross_encoder_model` (query/rerank.py)")
+    cross_encoder_model: str = Field(
+        "BAAI/bge-reranker-v2-m3", description="bge: a local folder, or a Hugging Face name "
+        "already in the local cache (nothing is downloaded)")
 
 
 class CommunitiesConfig(_Section):
@@ -369,7 +386,7 @@ class ServeConfig(_Section):
 
     max_body_bytes: int = Field(65_536, ge=1_024, description="largest request body")
     max_query_chars: int = Field(2_000, ge=1, description="longest query text")
-    max_limit: int = Field(100, ge=1, description="largest `limit` per kind")
+    max_limit: int = Field(100, ge=1, le=MAX_RESULTS, description="largest `limit` per kind")
     max_bfs_hops: int = Field(3, ge=0, description="deepest graph expansion a caller may ask")
     max_groups: int = Field(32, ge=1, description="group ids per request")
     max_tokens: int = Field(16_000, ge=50, description="largest context budget")
@@ -426,7 +443,51 @@ def load_config(path: str | Path | None) -> TkgConfig:
         raise FileNotFoundError(
             f"config file {path} not found; use configs/local.yaml for the embedded default"
         )
-    data = yaml.safe_load(path.read_text()) or {}
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}"
+                          ) from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return TkgConfig.model_validate(data)
+        raise ConfigError(f"{path}: expected a mapping at the top level, "
+                          f"got {type(data).__name__}")
+    try:
+        return TkgConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_validation_line(path, text, exc)) from None
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message is one line naming file, line, key."""
+
+
+def _validation_line(path: Path, text: str, exc: ValidationError) -> str:
+    """The first problem as `file:line: key: what is wrong` (and how many others)."""
+    error = exc.errors()[0]
+    keys = [str(k) for k in error["loc"] if not isinstance(k, int)]
+    line = _key_line(yaml.compose(text), keys)
+    where = f"{path}:{line}" if line else str(path)
+    key = ".".join(keys) or "(top level)"
+    what = ("unknown key" if error["type"] == "extra_forbidden"
+            else error["msg"] + (f" (got {error['input']!r})" if "input" in error
+                                 and not isinstance(error["input"], dict) else ""))
+    more = len(exc.errors()) - 1
+    return f"{where}: {key}: {what}" + (f" (and {more} more)" if more else "")
+
+
+def _key_line(node: yaml.Node | None, keys: list[str]) -> int | None:
+    """The 1-based line of the deepest of `keys` found in a composed YAML document."""
+    line = None
+    for key in keys:
+        if not isinstance(node, yaml.MappingNode):
+            break
+        for key_node, value_node in node.value:
+            if key_node.value == key:
+                line, node = key_node.start_mark.line + 1, value_node
+                break
+        else:
+            break
+    return line

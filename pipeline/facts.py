@@ -196,22 +196,54 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
         if cls is None or not cls.exclusive or edge["valid_at"] is None:
             continue
         (negations if negated else classes).setdefault(cls.name, []).append(edge)
+    per = {cls.name: cls.per for cls in config.relation_classes if cls.per}
     for name, members in classes.items():
         members.sort(key=lambda e: (e["valid_at"], e["edge_id"]))
+        scope = _scopes(members, classes.get(per.get(name, ""), []))
         for index, old in enumerate(members):
             causes = [n for n in members[index + 1:]
                       if n["target_entity_id"] != old["target_entity_id"]
-                      and n["valid_at"] > old["valid_at"]]
+                      and n["valid_at"] > old["valid_at"]
+                      and _comparable(scope[n["edge_id"]], scope[old["edge_id"]])]
             causes += [n for n in (*negations.get(name, ()), *endings)
                        if n["target_entity_id"] == old["target_entity_id"]
                        and n["valid_at"] >= old["valid_at"]]
             if not causes:
                 continue
             cause = min(causes, key=lambda e: (e["valid_at"], e["edge_id"]))
-            if old["invalid_at"] is None or cause["valid_at"] < old["invalid_at"]:
-                old["invalid_at"] = cause["valid_at"]
-                old["invalidated_by"] = cause["edge_id"]
+            _end(old, cause["valid_at"], cause["edge_id"])
+    for name, members in classes.items():  # a title ends with the job it was held at
+        scoping = {e["edge_id"]: e for e in classes.get(per.get(name, ""), [])}
+        for edge in members:
+            for other in scoping.values():
+                if other["invalid_at"] is not None and set(edge["episode_ids"] or ()) & set(
+                        other["episode_ids"] or ()):
+                    _end(edge, other["invalid_at"], other["invalidated_by"])
     return sorted(edges, key=lambda e: e["edge_id"])
+
+
+def _end(edge: dict, when: datetime, cause: str | None) -> None:
+    """End an edge at `when` unless it already ends earlier."""
+    if edge["invalid_at"] is None or when < edge["invalid_at"]:
+        edge["invalid_at"] = when
+        edge["invalidated_by"] = cause
+
+
+def _scopes(members: list[dict], scoping: list[dict]) -> dict[str, str | None]:
+    """edge id -> the one object of a scoping class stated in the same episodes (a title's
+    employer), or None when none or several are."""
+    found: dict[str, str | None] = {}
+    for edge in members:
+        episodes = set(edge["episode_ids"] or ())
+        objects = {s["target_entity_id"] for s in scoping
+                   if episodes & set(s["episode_ids"] or ())}
+        found[edge["edge_id"]] = objects.pop() if len(objects) == 1 else None
+    return found
+
+
+def _comparable(one: str | None, other: str | None) -> bool:
+    """Two scoped values replace each other unless both scopes are known and differ."""
+    return one is None or other is None or one == other
 
 
 def undecided_candidates(edges: pa.Table, config: FactsConfig) -> pa.Table:

@@ -233,8 +233,9 @@ class SpacyExtractor:
             target = self._argument(token, spans, speaker)
             if not target:
                 continue
-            relation = self.classifier.relation(relation_name(negation, *words), words,
-                                                self._label_for(target, spans, speaker))
+            label = spans[token.i][1] if token.i in spans else self._label_for(
+                target, spans, speaker)
+            relation = self.classifier.relation(relation_name(negation, *words), words, label)
             for subject, source in subjects:
                 if source == target:
                     continue
@@ -299,12 +300,19 @@ def _vocative(span: Span) -> bool:
 
 
 def _prepositional(prep: Token) -> list[tuple[Token, tuple[str, ...]]]:
-    """The objects of a preposition with its words, through one nested preposition."""
+    """The objects of a preposition with its words, through one nested preposition ("out
+    of Denver") and through the object's own preposition ("as an engineer at Contoso" ->
+    as_engineer_at)."""
     found = [(p, (prep.lower_,)) for p in prep.children if p.dep_ == "pobj"]
     for inner in prep.children:
         if inner.dep_ in ("prep", "pcomp") and inner.tag_ == "IN":
             found += [(p, (prep.lower_, inner.lower_)) for p in inner.children
                       if p.dep_ == "pobj"]
+    for pobj, words in list(found):
+        for inner in pobj.children:
+            if inner.dep_ == "prep":
+                found += [(p, (*words, pobj.lemma_.lower(), inner.lower_))
+                          for p in inner.children if p.dep_ == "pobj"]
     return found
 
 
