@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 import time
 from datetime import datetime
@@ -24,8 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from tkg.pipeline import communities, schema, store
+from tkg.pipeline import communities, schema, store, visibility
 from tkg.pipeline.config import TkgConfig, load_config
 
 INPUT_COLUMNS = {
@@ -36,17 +33,12 @@ INPUT_COLUMNS = {
     "communities": ["community_id", "group_id", "name", "summary", "created_at"],
     "community_members": ["community_id", "entity_id", "group_id"],
 }
-REPLACED = ("communities", "community_members", store.CATALOG, store.MANIFEST, "runs", "lance")
 
 
 def read_table(snapshot: Path, name: str) -> pa.Table:
-    """The columns the refresh needs of one published table (all groups)."""
-    files = sorted(str(p) for p in (snapshot / name).rglob("*.parquet"))
-    columns = INPUT_COLUMNS[name]
-    if not files:
-        return pa.table({c: pa.array([], pa.string()) for c in columns})
-    return pa.concat_tables([pq.read_table(f, columns=columns, partitioning=None)
-                             for f in files], promote_options="permissive")
+    """The columns the refresh needs of one published table (all groups). None of them is a
+    vector, so the schema's embedding size does not matter here."""
+    return store.read_table(snapshot, name, schema.PUBLISHED[name](1), INPUT_COLUMNS[name])
 
 
 def by_group(table: pa.Table, group: str) -> pa.Table:
@@ -59,7 +51,7 @@ def refresh_tables(tables: dict[str, pa.Table], config: TkgConfig, created_at: d
     and the drift report: per group and over all groups."""
     settings = config.communities
     summarizer = communities.build_summarizer(config)
-    facts = tables["facts"].filter(pc.is_null(tables["facts"]["expired_at"]))
+    facts = visibility.current(tables["facts"])
     groups = sorted(pc.unique(tables["entities"]["group_id"]).drop_null().to_pylist())
     rows, report = [schema.COMMUNITY_ROWS.empty_table()], {}
     old_all, new_all, offset = [], [], 0
@@ -84,19 +76,6 @@ def refresh_tables(tables: dict[str, pa.Table], config: TkgConfig, created_at: d
     return pa.concat_tables(rows), {"groups": report, "overall": overall}
 
 
-def _link_tree(source: Path, target: Path) -> None:
-    """Hard-link every file of `source` under `target` (copy where links are refused)."""
-    for path in source.rglob("*"):
-        if path.is_dir():
-            continue
-        dest = target / path.relative_to(source)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, dest)
-        except OSError:
-            shutil.copy2(path, dest)
-
-
 def _embed_names(rows: pa.Table, config: TkgConfig, dim: int) -> pa.Table:
     from tkg.pipeline.embed import build_embedder, embed_unique, to_vector_array
 
@@ -104,21 +83,6 @@ def _embed_names(rows: pa.Table, config: TkgConfig, dim: int) -> pa.Table:
     vectors = (embed_unique(build_embedder(config), names) if names
                else np.zeros((0, dim), np.float32))
     return rows.append_column("name_embedding", to_vector_array(vectors, dim))
-
-
-def _retrieval_index(snapshot: Path, previous: Path, table: pa.Table, config: TkgConfig,
-                     dim: int) -> dict[str, Any] | None:
-    """Link the previous snapshot's LanceDB tables and rebuild the communities one."""
-    if not (previous / "lance").is_dir():
-        return None
-    import lancedb
-    from tkg.pipeline.index import LANCE_DIR, SPECS, index_table  # lazy: jobs -> query is allowed
-
-    for path in (previous / LANCE_DIR).iterdir():
-        if path.is_dir() and not path.name.startswith("communities"):
-            _link_tree(path, snapshot / LANCE_DIR / path.name)
-    db = lancedb.connect(str(snapshot / LANCE_DIR))
-    return index_table(db, SPECS["communities"], table, dim, config.query)
 
 
 def snapshot_config(manifest: dict[str, Any]) -> TkgConfig:
@@ -159,45 +123,36 @@ def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
     named = schema.conform(_embed_names(rows, config, dim), schema.communities(dim))
     seconds["embed"] = round(time.perf_counter() - clock, 3)
 
-    clock = time.perf_counter()
-    snapshot = store.prepare_snapshot(store_dir, run_id)
-    for path in previous.iterdir():
-        if path.name not in REPLACED and path.is_dir():
-            _link_tree(path, snapshot / path.name)
-    for name, table, table_schema in (
-            ("communities", named, schema.communities(dim)),
-            ("community_members", communities.member_rows(rows), schema.COMMUNITY_MEMBERS)):
-        if table.num_rows:
-            store.write_group_parts(table, snapshot / name, table_schema)
-        store.write_empty(snapshot / name, table_schema)
-    retrieval = _retrieval_index(snapshot, previous, named, config, dim)
-    extended = int(pc.sum(rows["placed"]).as_py() or 0) if rows.num_rows else 0
-    summary = {
-        **manifest.get("summary", {}), "run_id": run_id, "snapshot": str(snapshot),
-        "previous_snapshot": previous.name, "communities": rows.num_rows,
-        "communities_extended": extended, "llm_calls": 0, "llm_tokens": 0,
-        "drift": report["overall"], "drift_by_group": report["groups"],
-    }
-    runs = pa.concat_tables([store.previous_runs(store_dir), _run_row(
-        summary, config, started_at, seconds)])
-    (snapshot / "runs").mkdir(parents=True, exist_ok=True)
-    pq.write_table(runs, snapshot / "runs" / "part-00000.parquet")
-    store.write_empty(snapshot / "runs", schema.RUNS)
-    store.build_catalog(snapshot, list(schema.PUBLISHED))
-    seconds["publish"] = round(time.perf_counter() - clock, 3)
-    summary["seconds"] = seconds
-    summary["seconds_total"] = round(sum(seconds.values()), 3)
-    tables_rows = {**manifest.get("tables", {}), "communities": rows.num_rows,
-                   "community_members": sum(len(m) for m in rows["members"].to_pylist())}
-    store.write_manifest(snapshot, {
-        **manifest, "run_id": run_id, "created_at": started_at.isoformat(),
-        "config_hash": config.fingerprint(), "config": config.model_dump(),
-        "tables": tables_rows, "summary": summary, "refreshed_from": previous.name,
-        **({"retrieval": {**manifest.get("retrieval", {}), "communities": retrieval}}
-           if retrieval else {}),
-    })
-    store.switch_current(store_dir, run_id)
-    return summary
+    members = communities.member_rows(rows)
+    replaced = {"communities": _writer(named, schema.communities(dim)),
+                "community_members": _writer(members, schema.COMMUNITY_MEMBERS)}
+    kept = [name for name in store.table_names(previous) if name not in replaced]
+
+    def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
+        seconds["publish"] = round(done.seconds, 3)
+        summary = {
+            **manifest.get("summary", {}), "run_id": run_id, "snapshot": str(done.snapshot),
+            "previous_snapshot": previous.name, "communities": rows.num_rows,
+            "communities_extended": int(pc.sum(rows["placed"]).as_py() or 0)
+            if rows.num_rows else 0,
+            "llm_calls": 0, "llm_tokens": 0,
+            "drift": report["overall"], "drift_by_group": report["groups"],
+            "seconds": seconds, "seconds_total": round(sum(seconds.values()), 3),
+        }
+        return {
+            **manifest, "run_id": run_id, "created_at": started_at.isoformat(),
+            "config_hash": config.fingerprint(), "config": config.model_dump(),
+            "tables": {**manifest.get("tables", {}), **done.rows}, "summary": summary,
+            "refreshed_from": previous.name, "retrieval": done.retrieval,
+        }, _run_row(summary, config, started_at, seconds)
+
+    published = store.publish(store_dir, run_id, replaced, previous=previous, dim=dim,
+                              query=config.query, describe=describe, kept=kept)
+    return published["summary"]
+
+
+def _writer(table: pa.Table, table_schema: pa.Schema) -> store.TableWriter:
+    return lambda target: store.write_table(table, target, table_schema)
 
 
 def _run_row(summary: dict[str, Any], config: TkgConfig, started_at: datetime,

@@ -7,10 +7,8 @@ A stage whose `_SUCCESS.json` exists in the work dir is not run again, so `tkg b
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,16 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 import ray.data
-from ray.data import Dataset
-from tkg.pipeline import faults, reliability, schema, sources, storage, store
+from tkg.pipeline import faults, outputs, reliability, schema, sources, storage, store, visibility
 from tkg.pipeline.config import TkgConfig
-from tkg.pipeline.datasets import read_parquet_files
 from tkg.pipeline.embed import embedding_dim
 from tkg.pipeline.llm.usage import llm_summary
 from tkg.pipeline.stages import INTERNAL_EXTRACTIONS, STAGES, RunContext, Stage
 
 log = logging.getLogger("tkg.build")
-SUCCESS = "_SUCCESS.json"
 # Work tables -> the published table they become.
 PUBLISH = {
     "episodes_embedded": "episodes",
@@ -97,79 +92,53 @@ def init_ray(config: TkgConfig) -> int:
     return cpus
 
 
-def _read_output(path: Path) -> Dataset:
-    """A finished stage output, loaded before the next stage starts: actor pools then never
-    wait for CPU slots held by read tasks (a deadlock on small machines)."""
-    files = sorted(str(p) for p in path.glob("*.parquet"))
-    return read_parquet_files(files)
-
-
-def _materialize(dataset: Dataset, target: Path, table_schema: pa.Schema) -> int:
-    """Write a stage output as Parquet in its declared schema (at least one file)."""
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    rows = 0
-    for index, ref in enumerate(dataset.to_arrow_refs()):
-        table = schema.conform(ray.get(ref), table_schema)
-        if table.num_rows or index == 0:
-            pq.write_table(table, target / f"part-{index:05d}.parquet")
-            rows += table.num_rows
-    if not any(target.iterdir()):
-        pq.write_table(table_schema.empty_table(), target / store.EMPTY_PART)
-    return rows
-
-
-def _run_stage(ctx: RunContext, stage: Stage, outputs: dict[str, Path]) -> dict[str, int]:
+def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Path]) -> dict[str, int]:
     """One attempt at a stage: read its inputs, run it, write its outputs; rows per output."""
-    inputs = {name: _read_output(outputs[name]) for name in stage.inputs}
+    inputs = {name: outputs.read([done[name]]) for name in stage.inputs}
     inputs = faults.worker_inputs(stage.name, inputs, ctx.work_dir)
     faults.hit("stage_error", stage.name)
     results = stage.run(ctx, inputs)
-    rows = {}
-    for name in stage.outputs:
-        rows[name] = _materialize(results[name], ctx.work_dir / stage.name / name,
-                                  schema.WORK_TABLES[name](ctx.dim))
-        outputs[name] = ctx.work_dir / stage.name / name
+    rows = {name: outputs.write(results[name], ctx.work_dir / stage.name / name,
+                                schema.WORK_TABLES[name](ctx.dim)) for name in stage.outputs}
+    done.update({name: ctx.work_dir / stage.name / name for name in stage.outputs})
     return rows
 
 
 def run_stages(ctx: RunContext) -> dict[str, float]:
     """Run each stage not already finished in the work dir; returns seconds per stage."""
     seconds: dict[str, float] = {}
-    outputs: dict[str, Path] = {}
+    done: dict[str, Path] = {}
     for stage in STAGES:
         stage_dir = ctx.work_dir / stage.name
-        marker = stage_dir / SUCCESS
-        if marker.is_file():
-            done = json.loads(marker.read_text())
-            for key, value in done["counters"].items():
-                ctx.count(key, value)
-            seconds[stage.name] = done["seconds"]
-            outputs.update({name: stage_dir / name for name in stage.outputs})
+        record = outputs.finished(stage_dir)
+        if record is not None:
+            ctx.count_all(record["counters"])
+            seconds[stage.name] = record["seconds"]
+            done.update({name: stage_dir / name for name in stage.outputs})
             log.info("stage %s already finished, skipped", stage.name)
             continue
         started = time.perf_counter()
         before = dict(ctx.counters)
         rows = reliability.run_stage(stage.name, ctx,
-                                     lambda stage=stage: _run_stage(ctx, stage, outputs))
+                                     lambda stage=stage: _run_stage(ctx, stage, done))
         seconds[stage.name] = round(time.perf_counter() - started, 3)
-        counters = {k: v - before.get(k, 0) for k, v in ctx.counters.items()}
-        marker.write_text(json.dumps({"seconds": seconds[stage.name], "rows": rows,
-                                      "counters": counters}))
+        outputs.mark_finished(stage_dir, {"seconds": seconds[stage.name], "rows": rows,
+                                          "counters": ctx.counted_since(before)})
         faults.hit("after_stage", stage.name)
-    ctx.outputs.update(outputs)
+    ctx.outputs.update(done)
     return seconds
 
 
-def _publish_table(source: Path, target: Path, table_schema: pa.Schema) -> int:
-    files = sorted(source.glob("*.parquet"))
-    rows = 0
-    if files:
-        tasks = [_write_parts.remote(str(f), target, table_schema) for f in files]
+def _writer(source: Path, table_schema: pa.Schema) -> store.TableWriter:
+    """Publish a stage output: one Ray task per part file writes its group partitions."""
+
+    def write(target: Path) -> int:
+        tasks = [_write_parts.remote(f, target, table_schema) for f in outputs.part_files(source)]
         rows = sum(ray.get(tasks))
-    store.write_empty(target, table_schema)
-    return rows
+        store.write_empty(target, table_schema)
+        return rows
+
+    return write
 
 
 @ray.remote
@@ -183,121 +152,76 @@ def _write_parts(path: str, target: Path, table_schema: pa.Schema) -> int:
 
 def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
             started_at: datetime) -> BuildResult:
-    """Write the snapshot (tables, catalog, manifest) and switch CURRENT last."""
-    started = time.perf_counter()
-    snapshot = store.prepare_snapshot(store_dir, ctx.run_id)
-    outputs = ctx.outputs
-    rows: dict[str, int] = {}
-    for work_name, table in PUBLISH.items():
-        rows[table] = _publish_table(outputs[work_name], snapshot / table,
-                                     schema.PUBLISHED[table](ctx.dim))
-    new_episodes = rows["episodes"]
-    _publish_table(outputs["extractions"], snapshot / INTERNAL_EXTRACTIONS, schema.EXTRACTIONS)
-    for table in CARRIED:
-        rows[table] = rows.get(table, 0) + _carry(ctx.previous, snapshot, table)
-    reject_tables = {name: schema.conform(pq.read_table(outputs[name]), schema.REJECTS)
-                     for name in REJECT_OUTPUTS}
-    rejects = pa.concat_tables([*reject_tables.values(), _previous_rejects(ctx.previous)])
-    rows["rejects"] = rejects.num_rows
-    _write_small(rejects, snapshot / "rejects", schema.REJECTS)
+    """Publish the run's outputs as a snapshot (`store.publish`), CURRENT switched last."""
+    out = ctx.outputs
+    tables = {table: _writer(out[work], schema.PUBLISHED[table](ctx.dim))
+              for work, table in PUBLISH.items()}
+    tables[INTERNAL_EXTRACTIONS] = _writer(out["extractions"], schema.EXTRACTIONS)
+    rejects = {name: store.read_table(out[name].parent, out[name].name, schema.REJECTS)
+               for name in REJECT_OUTPUTS}
+    every_reject = pa.concat_tables([
+        *rejects.values(),
+        store.read_table(ctx.previous, "rejects", schema.REJECTS) if ctx.previous
+        else schema.REJECTS.empty_table()])
+    tables["rejects"] = lambda target: store.write_table(every_reject, target, schema.REJECTS)
 
-    # Records not in the graph: unreadable ones and conflicting duplicate ids. Episodes whose
-    # extraction failed stay in the graph (and are listed in rejects as extract_failed).
-    rejected = reject_tables["read_rejects"].num_rows + reject_tables["window_rejects"].num_rows
-    episodes_ok = ctx.counters.get("episodes_in", 0) - rejected
-    summary: dict[str, Any] = {
-        "run_id": ctx.run_id,
-        "store": str(store_dir),
-        "snapshot": str(snapshot),
-        "episodes_in": ctx.counters.get("episodes_in", 0),
-        "episodes_ok": episodes_ok,
-        "rejected": rejected,
-        "duplicates": episodes_ok - new_episodes - ctx.counters.get("already_ingested", 0),
-        "already_ingested": ctx.counters.get("already_ingested", 0),
+    def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
+        summary = _summary(ctx, store_dir, done, rejects, seconds)
+        manifest = {
+            "run_id": ctx.run_id, "created_at": ctx.created_at.isoformat(),
+            "config_hash": ctx.config.fingerprint(), "config": ctx.config.model_dump(),
+            "embedding": {"model": ctx.config.embed.model, "dim": ctx.dim},
+            "inputs": [str(f) for f in ctx.files], "tables": done.rows, "summary": summary,
+            "retrieval": done.retrieval, "schema_version": 1,
+        }
+        return manifest, _run_row(ctx, summary, started_at)
+
+    manifest = store.publish(store_dir, ctx.run_id, tables, previous=ctx.previous, dim=ctx.dim,
+                             query=ctx.config.query, describe=describe, grown=CARRIED)
+    return BuildResult(summary=manifest["summary"],
+                       snapshot=store.snapshot_dir(store_dir, ctx.run_id))
+
+
+def _summary(ctx: RunContext, store_dir: Path, done: store.Published,
+             rejects: dict[str, pa.Table], seconds: dict[str, float]) -> dict[str, Any]:
+    """The run's figures. Every record read is rejected (unreadable, or an id seen with other
+    content) or ok: stored by this run, a re-delivery within this run, or already in the
+    store. Each part is measured where it happens, so episodes_in == episodes_ok + rejected
+    holds only if no record was lost on the way. Episodes whose extraction failed stay in
+    the graph (listed in rejects as extract_failed)."""
+    counters, rows = ctx.counters, done.rows
+    new = {"stored": rows["episodes"] - store.table_rows(ctx.previous, "episodes"),
+           "duplicates": counters.get("duplicates", 0),
+           "already_ingested": counters.get("already_ingested", 0)}
+    return {
+        "run_id": ctx.run_id, "store": str(store_dir), "snapshot": str(done.snapshot),
+        "episodes_in": counters.get("episodes_in", 0),
+        "episodes_ok": sum(new.values()),
+        "rejected": rejects["read_rejects"].num_rows + rejects["window_rejects"].num_rows,
+        "duplicates": new["duplicates"], "already_ingested": new["already_ingested"],
         "previous_snapshot": ctx.previous.name if ctx.previous else None,
-        "extract_failed": reject_tables["extract_rejects"].num_rows,
-        "missing_timezone": ctx.counters.get("missing_timezone", 0),
-        "ambiguous_pairs": ctx.counters.get("ambiguous_pairs", 0),
-        "episodes": rows["episodes"],
-        "entities": rows["entities"],
-        "mentions": rows["mentions"],
-        **_fact_counts(snapshot),
+        "extract_failed": rejects["extract_rejects"].num_rows,
+        "missing_timezone": counters.get("missing_timezone", 0),
+        "ambiguous_pairs": counters.get("ambiguous_pairs", 0),
+        "episodes": rows["episodes"], "entities": rows["entities"], "mentions": rows["mentions"],
+        **_fact_counts(done.snapshot),
         "communities": rows["communities"],
-        "communities_extended": ctx.counters.get("communities_extended", 0),
-        **llm_summary(ctx.counters, rows["episodes"]),
-        "seconds": {**seconds, "publish": 0.0},
+        "communities_extended": counters.get("communities_extended", 0),
+        **llm_summary(counters, rows["episodes"]),
+        "seconds": {**seconds, "publish": round(done.seconds, 3)},
+        "seconds_total": round(sum(seconds.values()) + done.seconds, 3),
     }
-    runs = pa.concat_tables([store.previous_runs(store_dir), _run_row(ctx, summary, started_at)])
-    _write_small(runs, snapshot / "runs", schema.RUNS)
-    store.build_catalog(snapshot, list(schema.PUBLISHED))
-    from tkg.pipeline.index import (
-        build_indexes,  # retrieval indexes (LanceDB); lazy: query -> pipeline
-    )
-
-    retrieval = build_indexes(snapshot, ctx.dim, ctx.config.query)
-    summary["seconds"]["publish"] = round(time.perf_counter() - started, 3)
-    summary["seconds_total"] = round(sum(summary["seconds"].values()), 3)
-    runs = pa.concat_tables([runs.slice(0, runs.num_rows - 1),
-                             _run_row(ctx, summary, started_at)])  # now with publish seconds
-    _write_small(runs, snapshot / "runs", schema.RUNS)
-    store.write_manifest(snapshot, {
-        "run_id": ctx.run_id, "created_at": ctx.created_at.isoformat(),
-        "config_hash": ctx.config.fingerprint(), "config": ctx.config.model_dump(),
-        "embedding": {"model": ctx.config.embed.model, "dim": ctx.dim},
-        "inputs": [str(f) for f in ctx.files], "tables": rows, "summary": summary,
-        "retrieval": retrieval, "schema_version": 1,
-    })
-    faults.hit("before_switch")  # a crash here must leave CURRENT on the last good snapshot
-    store.switch_current(store_dir, ctx.run_id)
-    return BuildResult(summary=summary, snapshot=snapshot)
-
-
-def _carry(previous: Path | None, snapshot: Path, table: str) -> int:
-    """Hard-link (or copy) the previous snapshot's files of a growing table; returns rows."""
-    if previous is None or not (previous / table).is_dir():
-        return 0
-    rows = 0
-    for source in (previous / table).rglob("part-*.parquet"):
-        if source.name == store.EMPTY_PART:
-            continue
-        target = snapshot / table / source.relative_to(previous / table)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copy2(source, target)
-        rows += pq.ParquetFile(target).metadata.num_rows
-    return rows
-
-
-def _previous_rejects(previous: Path | None) -> pa.Table:
-    if previous is None or not (previous / "rejects").is_dir():
-        return schema.REJECTS.empty_table()
-    return schema.conform(pq.read_table(previous / "rejects", partitioning=None),
-                          schema.REJECTS)
 
 
 def _fact_counts(snapshot: Path) -> dict[str, int]:
-    import duckdb
-
-    glob = (snapshot / "facts").resolve() / "**" / "*.parquet"
-    with duckdb.connect() as con:
-        facts, current, invalidated = con.execute(
-            "SELECT count(DISTINCT edge_id), count(*) FILTER (expired_at IS NULL), "
-            "count(*) FILTER (expired_at IS NULL AND invalid_at IS NOT NULL) "
-            "FROM read_parquet(?, hive_partitioning = false)", [glob.as_posix()]
-        ).fetchone()
-    return {"facts": facts, "facts_current": current, "facts_invalidated": invalidated}
-
-
-def _write_small(table: pa.Table, target: Path, table_schema: pa.Schema) -> None:
-    """Driver-side write of a small table (rejects, runs)."""
-    if table.num_rows and "group_id" in table_schema.names:
-        store.write_group_parts(table, target, table_schema)
-    elif table.num_rows:
-        target.mkdir(parents=True, exist_ok=True)
-        pq.write_table(schema.conform(table, table_schema), target / "part-00000.parquet")
-    store.write_empty(target, table_schema)
+    """Fact versions, facts the store believes now, and those among them that ended."""
+    now = visibility.duckdb_where("facts", known_at=visibility.LATEST)
+    held = visibility.duckdb_where("facts", as_of=visibility.LATEST)
+    with store.open_catalog(snapshot) as con:
+        facts, current, ended = con.execute(
+            f"SELECT count(DISTINCT edge_id), count(*) FILTER ({now}), "
+            f"count(*) FILTER ({now} AND NOT ({held})) FROM facts").fetchone()
+    return {"facts": facts, "facts_current": current, "facts_invalidated": ended}
 
 
 def _run_row(ctx: RunContext, summary: dict[str, Any], started_at: datetime) -> pa.Table:

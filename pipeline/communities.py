@@ -33,7 +33,7 @@ import igraph
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tkg.pipeline import schema
+from tkg.pipeline import schema, visibility
 from tkg.pipeline.config import CommunitiesConfig, TkgConfig
 from tkg.pipeline.llm.usage import usage_snapshot, with_usage
 from tkg.pipeline.registry import Registry
@@ -100,7 +100,7 @@ def build_graph(group_id: str, entities: pa.Table, facts: pa.Table, mentions: pa
     entity_id. Rows of other groups must already be filtered out."""
     entities = entities.sort_by("entity_id")
     ids = entities["entity_id"].combine_chunks()
-    current = facts.filter(pc.is_null(facts["expired_at"])) if facts.num_rows else facts
+    current = visibility.current(facts)
     if "edge_id" in current.column_names:  # ties between facts break by id, not input order
         current = current.sort_by([("edge_id", "ascending")])
     src = _vertices(current["source_entity_id"], ids)
@@ -657,7 +657,7 @@ def input_rows(batch: pa.Table, kind: str) -> pa.Table:
     """A batch of entities, facts (current versions only), mentions, or a previous
     snapshot's communities / members, as COMMUNITY_INPUT rows of `kind`."""
     if kind == "fact":
-        batch = batch.filter(pc.is_null(batch["expired_at"]))
+        batch = visibility.current(batch)
         batch = batch.append_column("n_episodes", pc.list_value_length(batch["episode_ids"]))
     batch = batch.append_column("kind", pa.array([kind] * batch.num_rows, pa.string()))
     return schema.conform(batch, schema.COMMUNITY_INPUT)

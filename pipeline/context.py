@@ -42,6 +42,16 @@ class RunContext:
     def count(self, name: str, value: int) -> None:
         self.counters[name] = self.counters.get(name, 0) + int(value)
 
+    def count_all(self, counters: dict[str, int]) -> None:
+        """Add counters a finished step recorded (replayed when a resumed run skips it)."""
+        for name, value in counters.items():
+            self.count(name, value)
+
+    def counted_since(self, before: dict[str, int]) -> dict[str, int]:
+        """What was counted since `before` (a copy of `counters`), for a step's marker."""
+        return {k: v - before.get(k, 0) for k, v in self.counters.items()
+                if v != before.get(k, 0)}
+
 
 StageFn = Callable[[RunContext, dict[str, Dataset]], dict[str, Dataset]]
 

@@ -4,6 +4,8 @@
 
     after_stage:<stage>    the driver "dies" right after <stage>'s output is finished
     extract_batch:<n>      the driver "dies" when extraction reaches chunk n (n chunks kept)
+    publish:<step>         the driver "dies" while publishing, after <step> (tables, catalog,
+                           indexes) is written
     before_switch          the driver "dies" after the snapshot is written, before CURRENT
     stage_error:<stage>    <stage> raises on every attempt (a stage that keeps failing)
     worker_exit:<stage>    one Ray worker of <stage> exits hard, once (Ray retries it)
@@ -24,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 
 ENV = "TKG_FAULT"
-CRASHES = frozenset({"after_stage", "extract_batch", "before_switch"})
+CRASHES = frozenset({"after_stage", "extract_batch", "publish", "before_switch"})
 
 
 class InjectedCrash(BaseException):

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,16 +156,20 @@ def read_published(snapshot: Path, name: str, dim: int) -> pa.Table:
 
 
 def build_indexes(snapshot: Path, dim: int, config: QueryConfig,
-                  tables: dict[str, pa.Table] | None = None) -> dict[str, Any]:
+                  tables: dict[str, pa.Table] | None = None,
+                  reused: Collection[str] = ()) -> dict[str, Any]:
     """Build `SNAPSHOT/lance/` from the snapshot's Parquet (or from `tables` given in memory,
-    as the query benchmark does). Called by publish before the manifest is written, so a
-    published snapshot always has its indexes. Returns per-table figures for the manifest."""
+    as the query benchmark does), except the `reused` tables the caller already placed there.
+    Called by publish before the manifest is written, so a published snapshot always has its
+    indexes. Returns per-table figures for the manifest."""
     import lancedb
 
     started = time.perf_counter()
     db = lancedb.connect(str(Path(snapshot) / LANCE_DIR))
     figures: dict[str, Any] = {}
     for name, spec in SPECS.items():
+        if name in reused:
+            continue
         data = (tables or {}).get(name)
         if data is None:
             data = read_published(Path(snapshot), name, dim)

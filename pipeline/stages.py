@@ -18,10 +18,10 @@ import pyarrow.compute as pc
 import ray
 import ray.data
 from ray.data import ActorPoolStrategy, Dataset
-from tkg.pipeline import adjudicate, communities, facts, faults, resolve, schema, sources
+from tkg.pipeline import adjudicate, communities, facts, faults, resolve, schema, sources, store
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import RunContext, Stage
-from tkg.pipeline.datasets import read_parquet_files
+from tkg.pipeline.datasets import empty_dataset, nonempty, read_parquet_files
 from tkg.pipeline.embed import EmbedColumn
 from tkg.pipeline.extract import EpisodeInput, build_extractor
 from tkg.pipeline.extract.llm import dataset_extractor
@@ -34,7 +34,7 @@ def previous_table(ctx: RunContext, table: str) -> Dataset | None:
     """A table of the snapshot this run builds on (incremental runs), or None."""
     if ctx.previous is None:
         return None
-    files = sorted(str(p) for p in (ctx.previous / table).rglob("*.parquet"))
+    files = store.table_files(ctx.previous, table)
     return read_parquet_files(files) if files else None
 
 
@@ -88,16 +88,40 @@ WINDOW_OUT = schema.WINDOWED_EPISODES.append(pa.field("reject", pa.string()))
 
 def partitioned(ds: Dataset, keys: list[str], ctx: RunContext) -> Dataset:
     """Hash-shuffled by `keys` and materialized: every key's rows share one block."""
-    return ds.repartition(ctx.partitions, keys=keys).materialize()
+    rows = nonempty(ds)
+    if rows is None:
+        return empty_dataset()
+    return nonempty(rows.repartition(ctx.partitions, keys=keys)) or empty_dataset()
 
 
 def shuffled(ds: Dataset, keys: list[str], fn: Callable[..., pa.Table], ctx: RunContext,
              *fn_args: object, partitions: int | None = None) -> Dataset:
     """Hash-shuffle by `keys` (every key's rows land in one block, bounded by the largest
     key, not the dataset), then run `fn` once per block. This is what Ray's map_groups does,
-    without a Python call and a table per group."""
-    return ds.repartition(partitions or ctx.partitions, keys=keys).map_batches(
+    without a Python call and a table per group. Empty blocks are dropped on both sides of
+    the shuffle (see `datasets`); no rows in gives an empty dataset out, without calling fn."""
+    rows = nonempty(ds)
+    if rows is None:
+        return empty_dataset()
+    out = rows.repartition(partitions or ctx.partitions, keys=keys).map_batches(
         fn, batch_size=None, batch_format="pyarrow", fn_args=fn_args)
+    return nonempty(out) or empty_dataset()
+
+
+def joined(left: Dataset, right: Dataset, join_type: str, on: tuple[str, ...],
+           ctx: RunContext) -> Dataset:
+    """`left.join(right)` that holds when either side has no rows (a Ray join of an empty
+    side fails on its missing key columns): an empty left gives nothing, an empty right
+    gives nothing (inner) or the left rows unchanged (left_outer, left_anti; the right's
+    columns are filled in by whoever reads them)."""
+    left_rows = nonempty(left)
+    if left_rows is None:
+        return empty_dataset()
+    right_rows = nonempty(right)
+    if right_rows is None:
+        return empty_dataset() if join_type == "inner" else left_rows
+    return left_rows.join(right_rows, join_type=join_type, num_partitions=ctx.partitions,
+                          on=on)
 
 
 def spread(ds: Dataset, rows_per_block: int) -> Dataset:
@@ -124,15 +148,17 @@ def window_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
     }
     keyed = inputs["raw_episodes"].map_batches(_with_window_key, batch_format="pyarrow")
     grouped = shuffled(keyed, ["window_key"], _window_block, ctx, args).materialize()
+    # Re-deliveries (same id, same content) are what the window dropped: rows in minus rows
+    # out, kept or rejected.
+    ctx.count("duplicates", inputs["raw_episodes"].count() - grouped.count())
     episodes = grouped.filter(lambda r: r["reject"] is None).map_batches(
         lambda b: b.drop_columns(["reject"]), batch_format="pyarrow")
     stored = previous_table(ctx, "episodes")
     if stored is not None:  # re-ingesting what the store has is a no-op
         episodes = episodes.materialize()  # counted and joined: computed once
         before = episodes.count()
-        episodes = episodes.join(stored.select_columns(["episode_id"]), join_type="left_anti",
-                                 num_partitions=ctx.partitions, on=("episode_id",)
-                                 ).materialize()
+        episodes = joined(episodes, stored.select_columns(["episode_id"]), "left_anti",
+                          ("episode_id",), ctx).materialize()
         ctx.count("already_ingested", before - episodes.count())
     rejects = grouped.filter(lambda r: r["reject"] is not None).map_batches(
         _decode_rejects, batch_format="pyarrow")
@@ -214,8 +240,11 @@ def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
         return {"extractions": count_llm(ctx, extractions),
                 "extract_rejects": extractions.map_batches(
                     _extraction_rejects(ctx.run_id, ctx.created_at), batch_format="pyarrow")}
+    episodes = nonempty(inputs["episodes"])
+    if episodes is None:  # nothing to extract: no actor pool (a model load) for no rows
+        return {"extractions": empty_dataset(), "extract_rejects": empty_dataset()}
     actors = ctx.config.extract.actors or ctx.cpus
-    extractions = spread(inputs["episodes"], ctx.config.extract.batch_size).map_batches(
+    extractions = spread(episodes, ctx.config.extract.batch_size).map_batches(
         ExtractBatch, fn_constructor_args=(ctx.config, faults.actor_exit("extract")),
         batch_format="pyarrow", batch_size=ctx.config.extract.batch_size,
         compute=ActorPoolStrategy(size=actors), num_cpus=1, **model_actors(ctx),
@@ -255,8 +284,7 @@ def join_alias_map(ds: Dataset, alias_map: Dataset, ctx: RunContext, column: str
     right = alias_map.map_batches(_rename({
         "normalized": column, "entity_id": f"{prefix}entity_id", "root": f"{prefix}root",
         "evidence": f"{prefix}evidence", "score": f"{prefix}score"}), batch_format="pyarrow")
-    return ds.join(right, join_type="inner", num_partitions=ctx.partitions,
-                   on=("group_id", column))
+    return joined(ds, right, "inner", ("group_id", column), ctx)
 
 
 class AdjudicateBatch:
@@ -335,27 +363,31 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     sources = checked.map_batches(facts.summary_sources, batch_format="pyarrow")
     summaries = shuffled(sources, ["group_id", "entity_id"], facts.entity_summaries, ctx,
                          config.summary_facts)
-    entities = inputs["resolved_entities"].map_batches(
-        lambda b: b.drop_columns(["summary"]), batch_format="pyarrow").join(
+    entities = joined(
+        inputs["resolved_entities"].map_batches(lambda b: b.drop_columns(["summary"]),
+                                                batch_format="pyarrow"),
         summaries.map_batches(lambda b: b.drop_columns(["group_id"]), batch_format="pyarrow"),
-        join_type="left_outer", num_partitions=ctx.partitions, on=("entity_id",)
+        "left_outer", ("entity_id",), ctx,
     ).map_batches(_no_null_summary, batch_format="pyarrow")
     stored = previous_table(ctx, "entities")
     if stored is not None:  # an entity keeps the transaction time it was first stored at
         first = stored.select_columns(["entity_id", "created_at"]).map_batches(
             _rename({"created_at": "first_created_at"}), batch_format="pyarrow")
-        entities = entities.join(first, join_type="left_outer", num_partitions=ctx.partitions,
-                                 on=("entity_id",)).map_batches(_first_created,
-                                                                batch_format="pyarrow")
+        entities = joined(entities, first, "left_outer", ("entity_id",), ctx).map_batches(
+            _first_created, batch_format="pyarrow")
     return {"merged_facts": checked, "entities_summarized": entities}
 
 
 def _no_null_summary(batch: pa.Table) -> pa.Table:
+    if "summary" not in batch.column_names:  # joined with no summaries at all
+        return batch.append_column("summary", pa.array([""] * batch.num_rows, pa.string()))
     summary = pc.fill_null(batch["summary"], "")
     return batch.set_column(batch.schema.get_field_index("summary"), "summary", summary)
 
 
 def _first_created(batch: pa.Table) -> pa.Table:
+    if "first_created_at" not in batch.column_names:  # no stored entities joined
+        return batch
     created = pc.coalesce(batch["first_created_at"], batch["created_at"])
     rest = batch.drop_columns(["first_created_at"])
     return rest.set_column(rest.schema.get_field_index("created_at"), "created_at", created)
@@ -382,8 +414,11 @@ EMBED_BLOCK_ROWS = 1024
 
 def embed_column(ctx: RunContext, ds: Dataset, text: str, vector: str) -> Dataset:
     """`vector` = the embedding of `text`, on a pool of embedder actors."""
+    rows = nonempty(ds)
+    if rows is None:  # no actor pool (a model load) for no rows
+        return empty_dataset()
     actors = ctx.config.embed.actors or ctx.cpus
-    return spread(ds, EMBED_BLOCK_ROWS).map_batches(
+    return spread(rows, EMBED_BLOCK_ROWS).map_batches(
         EmbedColumn, fn_constructor_args=(ctx.config, text, vector), batch_format="pyarrow",
         batch_size=EMBED_BLOCK_ROWS, compute=ActorPoolStrategy(size=actors), num_cpus=1,
         **model_actors(ctx),
@@ -452,7 +487,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("window", ("raw_episodes",), ("episodes", "window_rejects"), window_stage),
     # Chunked by a hash of episode_id, each chunk kept: a resumed run skips finished ones.
     resumable(Stage("extract", ("episodes",), ("extractions", "extract_rejects"),
-                    extract_stage, model=True)),
+                    extract_stage, model=True), chunk_rows=lambda c: c.extract.chunk_rows),
     Stage("names", ("extractions",), ("name_nodes",), names_stage),
     Stage("embed_names", ("name_nodes",), ("name_vectors",), embed_names_stage, model=True),
     Stage("resolve", ("name_vectors", "extractions"),

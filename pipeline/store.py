@@ -10,6 +10,8 @@ Layout of a store:
 
 Readers only follow `CURRENT`, which is switched with an atomic rename after everything else
 is written, so nobody sees a half-built snapshot and a failed build leaves the last good one.
+`publish` is the one writer of snapshots (builds and community refreshes), and every file
+operation of publishing is a function of this module.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from tkg.pipeline import schema
+from tkg.pipeline import faults, schema, visibility
+from tkg.pipeline.config import QueryConfig
+from tkg.pipeline.index import LANCE_DIR, build_indexes
 
 MANIFEST = "manifest.json"
 CATALOG = "catalog.duckdb"
@@ -88,32 +95,46 @@ def write_empty(table_dir: Path, table_schema: pa.Schema) -> None:
     pq.write_table(table_schema.empty_table(), table_dir / EMPTY_PART)
 
 
+def _catalog_config(snapshot: Path) -> dict[str, str]:
+    """The snapshot's folder as DuckDB's `file_search_path` (for every cursor of the
+    connection): views name their files relative to it, so a copied or moved snapshot reads
+    its own files, and a catalog opened without it finds none (an error) rather than another
+    snapshot's."""
+    folder = str(Path(snapshot).resolve())
+    if "," in folder:  # DuckDB splits the setting on commas
+        raise StoreError(f"{folder}: a store path must not contain a comma")
+    return {"file_search_path": folder}
+
+
 def build_catalog(snapshot: Path, tables: list[str]) -> None:
-    """A DuckDB file of views over the snapshot's Parquet (absolute paths)."""
+    """A DuckDB file of views over the snapshot's Parquet (paths relative to the snapshot)."""
     path = snapshot / CATALOG
     path.unlink(missing_ok=True)
-    with duckdb.connect(str(path)) as con:
+    with duckdb.connect(str(path), config=_catalog_config(snapshot)) as con:
         for table in tables:
-            glob = (snapshot / table).resolve() / "**" / "*.parquet"
-            con.execute(
-                f"CREATE VIEW {table} AS SELECT * FROM "
-                f"read_parquet('{glob.as_posix()}', hive_partitioning = false)"
-            )
+            con.execute(f"CREATE VIEW {table} AS SELECT * FROM "
+                        f"read_parquet('{table}/**/*.parquet', hive_partitioning = false)")
         for statement in CATALOG_MACROS:
             con.execute(statement)
 
 
+def open_catalog(snapshot: Path) -> duckdb.DuckDBPyConnection:
+    """A read-only DuckDB connection on a snapshot's catalog, reading that snapshot's files
+    wherever the snapshot now lies (use this, not `duckdb.connect(CATALOG)`)."""
+    return duckdb.connect(str(Path(snapshot) / CATALOG), read_only=True,
+                          config=_catalog_config(snapshot))
+
+
 CATALOG_MACROS = (
     # What the store believes now: the open version of every fact.
-    "CREATE VIEW facts_current AS SELECT * FROM facts WHERE expired_at IS NULL",
+    "CREATE VIEW facts_current AS SELECT * FROM facts WHERE "
+    + visibility.duckdb_where("facts", known_at=visibility.LATEST),
     # Valid time: the facts that held in the world at t (as currently believed).
-    """CREATE MACRO facts_as_of(t) AS TABLE
-       SELECT * FROM facts_current
-       WHERE (valid_at IS NULL OR valid_at <= t) AND (invalid_at IS NULL OR invalid_at > t)""",
-    # Transaction time: every fact version the store held at t'.
-    """CREATE MACRO facts_known_at(t) AS TABLE
-       SELECT * FROM facts
-       WHERE created_at <= t AND (expired_at IS NULL OR expired_at > t)""",
+    "CREATE MACRO facts_as_of(t) AS TABLE SELECT * FROM facts WHERE "
+    + visibility.duckdb_where("facts", known_at=visibility.LATEST, as_of="t"),
+    # Transaction time: every fact version the store held at t.
+    "CREATE MACRO facts_known_at(t) AS TABLE SELECT * FROM facts WHERE "
+    + visibility.duckdb_where("facts", known_at="t"),
     # Every version of every fact touching an entity known under `alias`, on both timelines.
     """CREATE MACRO entity_history(alias) AS TABLE
        WITH target AS (SELECT DISTINCT entity_id, group_id FROM entity_aliases
@@ -128,6 +149,132 @@ CATALOG_MACROS = (
        JOIN entities o ON o.entity_id = f.target_entity_id
        ORDER BY f.valid_at NULLS FIRST, f.edge_id, f.version""",
 )
+
+
+def table_files(snapshot: Path, name: str) -> list[str]:
+    """The Parquet files of one published table (all groups), in a stable order."""
+    folder = Path(snapshot) / name
+    return sorted(str(p) for p in folder.rglob("*.parquet")) if folder.is_dir() else []
+
+
+def table_rows(snapshot: Path | None, name: str) -> int:
+    """Rows of a published table, from the Parquet footers (0 without a snapshot)."""
+    if snapshot is None:
+        return 0
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in table_files(snapshot, name))
+
+
+def read_table(snapshot: Path, name: str, table_schema: pa.Schema,
+               columns: Sequence[str] | None = None) -> pa.Table:
+    """A published table (all groups) in `table_schema`, or just `columns` of it."""
+    if columns is not None:
+        table_schema = pa.schema([table_schema.field(c) for c in columns])
+    files = table_files(snapshot, name)
+    if not files:
+        return table_schema.empty_table()
+    return pa.concat_tables([schema.conform(pq.read_table(f, columns=columns,
+                                                          partitioning=None), table_schema)
+                             for f in files])
+
+
+def write_table(table: pa.Table, target: Path, table_schema: pa.Schema) -> int:
+    """A table written from the driver (rejects, runs, communities of a refresh): by group
+    where it has one; returns rows."""
+    if table.num_rows and "group_id" in table_schema.names:
+        write_group_parts(table, target, table_schema)
+    elif table.num_rows:
+        target.mkdir(parents=True, exist_ok=True)
+        pq.write_table(schema.conform(table, table_schema), target / "part-00000.parquet")
+    write_empty(target, table_schema)
+    return table.num_rows
+
+
+def table_names(snapshot: Path) -> list[str]:
+    """The data tables of a snapshot (what a new snapshot may keep from it)."""
+    rebuilt = {"runs", LANCE_DIR}
+    return sorted(p.name for p in Path(snapshot).iterdir() if p.is_dir() and p.name not in rebuilt)
+
+
+def _link(source: Path, target: Path) -> None:
+    """Hard-link a file of an immutable snapshot (copy where links are refused)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def link_table(previous: Path | None, snapshot: Path, name: str) -> int:
+    """A table's files of the previous snapshot, linked into the new one beside what it
+    already holds (a file of the same name is kept); returns the Parquet rows linked."""
+    if previous is None or not (previous / name).is_dir():
+        return 0
+    rows = 0
+    for source in sorted((previous / name).rglob("*")):
+        target = snapshot / name / source.relative_to(previous / name)
+        if source.is_dir() or target.exists():
+            continue
+        _link(source, target)
+        if source.suffix == ".parquet":
+            rows += pq.ParquetFile(target).metadata.num_rows
+    return rows
+
+
+TableWriter = Callable[[Path], int]  # writes one table under the folder given; returns rows
+
+
+@dataclass
+class Published:
+    """What `publish` has written when it asks its caller to describe the snapshot."""
+
+    snapshot: Path
+    rows: dict[str, int]  # per table: written, grown and kept
+    retrieval: dict[str, Any]  # index figures per searchable table
+    seconds: float  # spent publishing so far
+
+
+Describe = Callable[[Published], tuple[dict[str, Any], pa.Table]]  # -> manifest, runs row
+
+
+def publish(store_dir: Path, run_id: str, tables: Mapping[str, TableWriter], *,
+            previous: Path | None, dim: int, query: QueryConfig, describe: Describe,
+            grown: Sequence[str] = (), kept: Sequence[str] = ()) -> dict[str, Any]:
+    """Write snapshot `run_id` and switch CURRENT to it, last: the new `tables`; the
+    previous snapshot's rows of `grown` tables beside the new ones and its `kept` tables
+    whole (linked, their retrieval indexes too); the catalog; the retrieval indexes of the
+    rest; the runs table with the row `describe` returns; its manifest. Returns the
+    manifest. A crash at any step leaves CURRENT where it was (faults: `publish:<step>`)."""
+    started = time.perf_counter()
+    snapshot = prepare_snapshot(store_dir, run_id)
+    rows = {name: write(snapshot / name) for name, write in tables.items()}
+    for name in (*grown, *kept):
+        rows[name] = rows.get(name, 0) + link_table(previous, snapshot, name)
+    write_empty(snapshot / "runs", schema.RUNS)  # every view of the catalog needs a file
+    faults.hit("publish", "tables")
+    build_catalog(snapshot, list(schema.PUBLISHED))
+    faults.hit("publish", "catalog")
+    retrieval = _indexes(snapshot, previous, kept, dim, query)
+    faults.hit("publish", "indexes")
+    manifest, run = describe(Published(snapshot, rows, retrieval, time.perf_counter() - started))
+    write_table(pa.concat_tables([previous_runs(store_dir), run]), snapshot / "runs",
+                schema.RUNS)
+    write_manifest(snapshot, manifest)
+    faults.hit("before_switch")
+    switch_current(store_dir, run_id)
+    return manifest
+
+
+def _indexes(snapshot: Path, previous: Path | None, kept: Sequence[str], dim: int,
+             query: QueryConfig) -> dict[str, Any]:
+    """Retrieval indexes of the snapshot; a kept table's are linked from the previous one."""
+    before = read_manifest(previous).get("retrieval") or {} if previous and kept else {}
+    reused = {}
+    for name in kept:
+        folder = f"{LANCE_DIR}/{name}.lance"
+        if name in before and (previous / folder).is_dir():
+            link_table(previous, snapshot, folder)
+            reused[name] = before[name]
+    return {**build_indexes(snapshot, dim, query, reused=set(reused)), **reused}
 
 
 def write_manifest(snapshot: Path, manifest: dict[str, Any]) -> None:
@@ -178,7 +325,7 @@ def previous_runs(store: Path) -> pa.Table:
 
 def connect(store: Path) -> duckdb.DuckDBPyConnection:
     """A read-only DuckDB connection on the current snapshot's catalog."""
-    return duckdb.connect(str(current_snapshot(store) / CATALOG), read_only=True)
+    return open_catalog(current_snapshot(store))
 
 
 def now() -> datetime:

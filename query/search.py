@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
+from tkg.pipeline import visibility
 from tkg.pipeline.config import GROUP_ID_PATTERN, QueryConfig
 from tkg.pipeline.index import PAST
 from tkg.query.snapshot import Kind, QueryError, Snapshot
@@ -94,22 +95,11 @@ def _quoted(values: Sequence[str]) -> str:
 
 
 def where(kind: str, scope: Scope, bounds: dict[str, tuple[int, int]] | None = None) -> str:
-    """The prefilter of one kind: groups, both timelines, optional filters. `as_of` (valid
-    time) narrows facts only: an episode told later may well be the source of a fact that
-    held earlier; `known_at` (transaction time) narrows every kind. With the table's
-    (min, max) per time column (`bounds`), a time condition that every row meets is left
-    out: it selects the same rows and costs a column scan per query."""
-    k, a, f = int(scope.known_at), int(scope.as_of), scope.filters
-    conditions = [("created_at_us", "<=", k)]
-    if kind == "facts":
-        conditions += [("expired_at_us", ">", k), ("valid_at_us", "<=", a),
-                       ("invalid_at_us", ">", a)]
-    parts = [f"group_id IN ({_quoted(scope.groups)})"]
-    for column, op, value in conditions:
-        low, high = (bounds or {}).get(column, (None, None))
-        if high is not None and ((op == "<=" and value >= high) or (op == ">" and value < low)):
-            continue  # every row meets it
-        parts.append(f"{column} {op} {value}")
+    """The prefilter of one kind: the visibility rule (`tkg.pipeline.visibility`: groups,
+    both timelines) and the optional filters; `bounds` as in `visibility.lance_where`."""
+    f = scope.filters
+    parts = [visibility.lance_where(kind, scope.groups, as_of=scope.as_of,
+                                    known_at=scope.known_at, bounds=bounds)]
     if kind == "facts" and f.relations:
         parts.append(f"relation IN ({_quoted(f.relations)})")
     if kind == "entities" and f.labels:
@@ -245,16 +235,6 @@ def start(searches: list[Coroutine[Any, Any, Hits]]) -> Future[list[Hits]]:
     return asyncio.run_coroutine_threadsafe(together(), LOOP.loop)
 
 
-def gather(searches: list[Coroutine[Any, Any, Hits]]) -> list[Hits]:
-    """Run searches concurrently on LanceDB's event loop and wait for them."""
-    running = start(searches)
-    try:
-        return running.result()
-    except BaseException:
-        running.cancel()
-        raise
-
-
 def vectors_of(kind: Kind, rows: Sequence[int], scope: Scope) -> dict[int, np.ndarray]:
     """Stored vectors of some rows (for MMR), still within the caller's groups."""
     if kind.table is None or not rows:
@@ -280,14 +260,10 @@ def visible_mask(snapshot: Snapshot, kind: str, rows: np.ndarray, scope: Scope) 
     """Which of `rows` the scope may see: the in-memory twin of `where(kind, ...)` (groups,
     both timelines, relation and date filters; labels aside, see `with_labels`)."""
     t = snapshot.kinds[kind].times
-    k, a, f = scope.known_at, scope.as_of, scope.filters
-    allowed = np.zeros(len(snapshot.groups) + 1, dtype=bool)  # a lookup table, not isin's
-    allowed[allowed_groups(snapshot, scope)] = True  # sort (code -1, no group, stays False)
-    ok = allowed[snapshot.group_codes[kind][rows]]
-    ok &= t["created_at_us"][rows] <= k
-    if kind == "facts":
-        ok &= (t["expired_at_us"][rows] > k)
-        ok &= (t["valid_at_us"][rows] <= a) & (t["invalid_at_us"][rows] > a)
+    f = scope.filters
+    ok = visibility.group_mask(snapshot.group_codes[kind][rows], allowed_groups(snapshot, scope),
+                               len(snapshot.groups))
+    ok &= visibility.numpy_mask(kind, t, as_of=scope.as_of, known_at=scope.known_at, rows=rows)
     if kind in ("facts", "episodes"):
         if f.valid_from is not None:
             ok &= (t["valid_at_us"][rows] >= to_micros(f.valid_from, "valid_from"))

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.s3 import use_test_credentials
 
@@ -15,6 +16,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 use_test_credentials()  # before any Ray worker starts, so workers inherit them
+# Property tests judge outcomes, never speed: no per-example deadline and no health check
+# that fails a slow (shared, loaded) machine for generating examples slowly.
+settings.register_profile("tkg", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("tkg")
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus"
@@ -78,10 +83,9 @@ def corpus_build(ray_session, config, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def corpus_db(corpus_build):
-    import duckdb
-    from tkg.pipeline.store import CATALOG
+    from tkg.pipeline.store import open_catalog
 
-    with duckdb.connect(str(corpus_build.snapshot / CATALOG), read_only=True) as con:
+    with open_catalog(corpus_build.snapshot) as con:
         yield con
 
 

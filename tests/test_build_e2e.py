@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tkg.pipeline import schema
+from tkg.pipeline import schema, store
 from tkg.pipeline.build import build
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -214,11 +214,26 @@ def test_stats_cli_reads_the_store(corpus_build, capsys):
     assert stats["facts"] == corpus_build.summary["facts"]
 
 
-def test_entity_ids_derive_from_names(corpus_db):
-    """Ids are a function of (group, canonical name): every rebuild gives the same ones (the
-    incremental test below compares a second, part-wise build with this one, ids included)."""
-    assert "77ccd68e-4afb-59a5-ab02-97ac4f359ed1" in {  # uuid5 of (acme, maria lopez)
-        r[0] for r in corpus_db.execute("SELECT entity_id FROM entities").fetchall()}
+EDGE = ("SELECT DISTINCT f.edge_id FROM facts f JOIN entities s ON s.entity_id = "
+        "f.source_entity_id JOIN entities t ON t.entity_id = f.target_entity_id WHERE "
+        "f.group_id = 'acme' AND s.name = ? AND t.name = ? AND f.relation = ?")
+PINNED_IDS = [  # (query, parameters, id): uuid5 values any rebuild must reproduce
+    ("SELECT entity_id FROM entities WHERE group_id = ? AND name = ?",
+     ["acme", "Maria Lopez"], "77ccd68e-4afb-59a5-ab02-97ac4f359ed1"),
+    ("SELECT entity_id FROM entities WHERE group_id = ? AND name = ?",
+     ["household", "Helen Walker"], "7f8a6c4c-57ad-57d3-b7e0-2ca04e04460b"),
+    ("SELECT episode_id FROM episodes WHERE group_id = ? AND source_id = ?",
+     ["acme", "acme-conv-2024-04-02-m01"], "4ac11202-3cbe-5b39-a7af-cd0ccaaee170"),
+    (EDGE, ["Daniel Okafor", "Berlin", "LIVES_IN"], "0a316a79-fa46-562d-826a-3f5bb86f879d"),
+]
+
+
+def test_ids_are_the_pinned_ones(corpus_db):
+    """Ids are a function of (group, canonical name), (group, source id) and (group,
+    source, target, relation): every rebuild gives these same values (the incremental test
+    below compares a second, part-wise build with this one, ids included)."""
+    for sql, parameters, wanted in PINNED_IDS:
+        assert corpus_db.execute(sql, parameters).fetchall() == [(wanted,)], parameters
 
 
 def _bad_lines(good: dict) -> list[bytes]:
@@ -262,9 +277,8 @@ def test_bad_input_and_public_data_build(ray_session, config, tmp_path):
     assert summary["episodes_in"] == summary["episodes_ok"] + summary["rejected"]
     assert summary["rejected"] == 4
     assert summary["episodes_ok"] == 2 + len(dmr) + len(chinook) == summary["episodes"]
-    import duckdb
 
-    with duckdb.connect(str(result.snapshot / "catalog.duckdb"), read_only=True) as con:
+    with store.open_catalog(result.snapshot) as con:
         rejects = dict(con.execute("SELECT line, reason FROM rejects WHERE file = ?",
                                    [str(bad.resolve())]).fetchall())
         assert set(rejects) == {2, 3, 4, 5}
@@ -296,29 +310,72 @@ def test_bad_input_and_public_data_build(ray_session, config, tmp_path):
     assert not list((tmp_path / "store").rglob("passwd"))
 
 
-def _split_corpus(tmp_path: Path, cutoff: str) -> tuple[Path, Path]:
-    """The corpus as two deliveries: everything before `cutoff`, then the rest."""
-    early, late = [], []
+def _split_corpus(tmp_path: Path, cutoff: str, late: tuple[str, ...] = (),
+                  early: tuple[str, ...] = ()) -> tuple[Path, Path]:
+    """The corpus as two deliveries: everything before `cutoff`, then the rest, except the
+    conversations (or single records and documents) named in `late` (held back to the
+    second) and `early` (sent with the first)."""
+    first_lines, second_lines = [], []
     for path in sorted(CORPUS.glob("*.jsonl")):
         for line in path.read_text().splitlines():
-            (early if json.loads(line)["timestamp"] < cutoff else late).append(line)
+            row = json.loads(line)
+            key = row.get("conversation_id") or row["id"]
+            in_first = key in early or (row["timestamp"] < cutoff and key not in late)
+            (first_lines if in_first else second_lines).append(line)
     first, second = tmp_path / "part1" / "a.jsonl", tmp_path / "part2" / "b.jsonl"
-    for target, lines in ((first, early), (second, late)):
+    for target, lines in ((first, first_lines), (second, second_lines)):
         target.parent.mkdir()
         target.write_text("\n".join(lines) + "\n")
     return first, second
 
 
-def test_incremental_runs_agree_with_one_run(ray_session, config, corpus_db, tmp_path):
-    import duckdb
+# What a user sees change when a fact changes (transaction-time columns aside).
+FACT_COLUMNS = ("edge_id, source_entity_id, target_entity_id, relation, fact, episode_ids, "
+                "valid_at, invalid_at, invalidated_by")
+# Helen Walker's "lives in Bristol" (January) arrives in the second delivery, after her move
+# to Lisbon (September), which the first delivery already told.
+HELD_BACK = ("hh-conv-2024-01-08", "doc-hh-001")
+SENT_EARLY = ("hh-conv-2024-10-05",)
 
-    first_part, second_part = _split_corpus(tmp_path, "2024-06-15")
+
+def _run_time(store_dir: Path, run_id: str) -> datetime:
+    return datetime.fromisoformat((store_dir / "work" / run_id / "created_at").read_text())
+
+
+def _versions_across_two_runs(old, new, first_time: datetime, second_time: datetime) -> int:
+    """Every edge's versions after the second run, from how its current row changed: kept
+    (one version, still the first run's), changed (closed at the second run, version 2
+    open), new (version 1 of the second run) or dropped (closed). Returns the kept count."""
+    before = {r[0]: r for r in old.execute(f"SELECT {FACT_COLUMNS} FROM facts_current")}
+    after = {r[0]: r for r in new.execute(f"SELECT {FACT_COLUMNS} FROM facts_current")}
+    versions: dict[str, list[tuple]] = {}
+    for edge, version, created, expired in new.execute(
+            "SELECT edge_id, version, created_at, expired_at FROM facts ORDER BY ALL"):
+        versions.setdefault(edge, []).append((version, created, expired))
+    assert set(versions) == set(before) | set(after)
+    for edge, rows in versions.items():
+        if edge not in before:
+            wanted = [(1, second_time, None)]
+        elif edge not in after:
+            wanted = [(1, first_time, second_time)]
+        elif before[edge] == after[edge]:
+            wanted = [(1, first_time, None)]
+        else:
+            wanted = [(1, first_time, second_time), (2, second_time, None)]
+        assert rows == wanted, (edge, before.get(edge), after.get(edge), rows)
+    return sum(1 for e in before if before[e] == after.get(e))
+
+
+def test_incremental_runs_agree_with_one_run(ray_session, config, corpus_db, tmp_path):
+
+    first_part, second_part = _split_corpus(tmp_path, "2024-06-15", HELD_BACK, SENT_EARLY)
     store_dir = tmp_path / "store"
     first = build(config, [str(first_part)], store_dir, run_id="part-1")
     second = build(config, [str(second_part)], store_dir, run_id="part-2")
     assert second.summary["previous_snapshot"] == "part-1"
     assert second.summary["episodes"] == 205
-    with duckdb.connect(str(second.snapshot / "catalog.duckdb"), read_only=True) as con:
+    first_time, second_time = _run_time(store_dir, "part-1"), _run_time(store_dir, "part-2")
+    with store.open_catalog(second.snapshot) as con, store.open_catalog(first.snapshot) as old:
         for sql in ("SELECT entity_id, name, group_id FROM entities",
                     "SELECT edge_id, relation, valid_at, invalid_at, invalidated_by, episode_ids"
                     " FROM facts_current",
@@ -326,22 +383,35 @@ def test_incremental_runs_agree_with_one_run(ray_session, config, corpus_db, tmp
                     "SELECT episode_id, entity_id FROM mentions"):
             assert sorted(con.execute(sql).fetchall()) == sorted(
                 corpus_db.execute(sql).fetchall()), sql
+        # what the store believed after the first delivery is still a query away, versions
+        # included, and the first run stored version 1 of everything
+        timeline = "SELECT edge_id, version, valid_at, invalid_at FROM "
+        believed = sorted(con.execute(timeline + "facts_known_at(?)", [first_time]).fetchall())
+        assert believed == sorted(old.execute(timeline + "facts_current").fetchall())
+        assert {row[1] for row in believed} == {1}
+        kept = _versions_across_two_runs(old, con, first_time, second_time)
+        assert kept >= len(believed) // 2, (kept, len(believed))
         # Daniel's move to Paris arrived in the second delivery: Berlin got a second version
         berlin = con.execute("""
             SELECT version, invalid_at, created_at, expired_at FROM entity_history('Berlin')
             WHERE relation = 'LIVES_IN' AND subject = 'Daniel Okafor' ORDER BY version
             """).fetchall()
         assert [v[0] for v in berlin] == [1, 2]
-        assert berlin[0][1] is None and berlin[0][3] == berlin[1][2]  # closed when v2 began
+        assert berlin[0][1] is None and berlin[0][3] == berlin[1][2] == second_time
         assert berlin[1][1].date().isoformat() == "2024-06-01" and berlin[1][3] is None
-        # what the store believed after the first delivery is still a query away
-        first_time = datetime.fromisoformat(
-            (store_dir / "work" / "part-1" / "created_at").read_text())
-        believed = con.execute("SELECT count(*) FROM facts_known_at(?)",
-                               [first_time]).fetchone()[0]
+        # Helen's older home arrived after her newer one: stored closed by it, in the
+        # second run, while the newer fact keeps its first version
+        helen = {row[0]: row[1:] for row in con.execute("""
+            SELECT object, version, valid_at, invalid_at, invalidated_by, created_at,
+                   expired_at, edge_id FROM entity_history('Helen Walker')
+            WHERE relation = 'LIVES_IN' AND subject = 'Helen Walker'""").fetchall()}
+        assert set(helen) == {"Bristol", "Lisbon"}
+        lisbon, bristol = helen["Lisbon"], helen["Bristol"]
+        assert lisbon[0] == 1 and lisbon[2:] == (None, None, first_time, None, lisbon[6])
+        assert bristol[0] == 1 and bristol[2] == lisbon[1] and bristol[3] == lisbon[6]
+        assert bristol[4:6] == (second_time, None)
+        assert bristol[6] not in {row[0] for row in believed}
         # entities stored by the first run keep that transaction time
         stored_at = con.execute("SELECT created_at FROM entities WHERE group_id = 'acme' AND "
                                 "name = 'Daniel Okafor'").fetchone()[0]
         assert stored_at == first_time
-    with duckdb.connect(str(first.snapshot / "catalog.duckdb"), read_only=True) as old:
-        assert believed == old.execute("SELECT count(*) FROM facts_current").fetchone()[0]

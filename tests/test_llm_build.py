@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from llm_server import RecordedLLM, load_recorded
+from llm_server import judgement_key as prompt_key
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 
@@ -17,6 +18,12 @@ pytestmark = pytest.mark.timeout(1800)  # one small build; slow only on a crowde
 CONVERSATION = "acme-conv-2024-01-15"
 RECORDS = ("crm-cust-001", "crm-cust-002", "crm-cust-004")
 TWICE_MALFORMED = "acme-conv-2024-01-15-m08"
+SUMMARY_BATCH = 4  # items (central members + facts) per map call: bigger communities map
+SUMMARIES = {
+    prompt_key("summarize_map"): {"completion": '{"summary": "Daniel Okafor covers Europe."}'},
+    prompt_key("summarize_reduce"): {"completion": '{"name": "Acme Europe team", '
+                                                   '"summary": "Daniel Okafor covers Europe."}'},
+}
 
 
 def _slice(tmp_path):
@@ -35,13 +42,17 @@ def llm_build(ray_session, config, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("llm-build")
     inputs, count = _slice(tmp)
-    with RecordedLLM(load_recorded("acme_conv.json")) as server:
+    with RecordedLLM({**load_recorded("acme_conv.json"), **SUMMARIES}) as server:
         llm = config.llm.model_copy(update={
             "backend": "openai", "endpoints": tuple(server.urls), "model": "recorded",
             "timeout_s": 5.0, "backoff_s": 0.01, "concurrency": 4, "max_retries": 3,
+            "summary_batch_size": SUMMARY_BATCH,
         })
         cfg = config.model_copy(update={
-            "extract": config.extract.model_copy(update={"backend": "llm"}), "llm": llm})
+            "extract": config.extract.model_copy(update={"backend": "llm"}),
+            "facts": config.facts.model_copy(update={"invalidation_judge": "llm"}),
+            "communities": config.communities.model_copy(update={"summarizer": "llm"}),
+            "llm": llm})
         result = build(cfg, [str(inputs)], tmp / "store", run_id="llm-1")
         yield result, server, count
 
@@ -61,19 +72,37 @@ def test_build_finishes_and_counts_llm_usage(llm_build):
     # 9 messages -> 9 calls, plus one retry-with-the-error for each malformed episode, plus
     # one invalidation judgement (COVERS "European customers", then COVERS "Europe": no rule
     # knows whether COVERS holds one value at a time).
-    assert summary["llm_calls"] == 12
-    assert summary["llm_calls_by_stage"] == {"extract": 11, "facts": 1}
+    # Community summaries: one map call per SUMMARY_BATCH items of a bigger community, one
+    # reduce call per community (the summarizer's own test checks the split).
+    communities = sum(e["key"] in SUMMARIES for e in server.log)
+    assert communities > 0
+    assert summary["llm_calls"] == 12 + communities
+    assert summary["llm_calls_by_stage"] == {"extract": 11, "facts": 1,
+                                             "communities": communities}
     assert summary["llm_retries"] == 3  # the 429, the 500 and the timeout
     assert summary["llm_prompt_tokens"] == server.prompt_tokens
     assert summary["llm_completion_tokens"] == server.completion_tokens
     assert summary["llm_tokens"] == server.prompt_tokens + server.completion_tokens
-    assert summary["llm_calls_per_episode"] == 1.0  # 12 calls / 12 episodes (budget 1.2)
+    assert summary["llm_calls_per_episode"] == 1.0  # 12 calls / 12 episodes (budget 1.2;
+    # communities excluded)
     assert summary["extract_failed"] == 1
     assert {e["action"] for e in server.log} == {"answer", "429", "500", "timeout", "malformed"}
     assert len({e["port"] for e in server.log}) == 2  # both endpoints served
     runs = _query(result, "SELECT llm_calls, llm_prompt_tokens, llm_completion_tokens "
                           "FROM runs WHERE run_id = 'llm-1'")
-    assert runs == [(12, server.prompt_tokens, server.completion_tokens)]
+    assert runs == [(12 + communities, server.prompt_tokens, server.completion_tokens)]
+
+
+def test_llm_summarizer_names_every_community(llm_build):
+    """communities.summarizer: llm runs in the communities stage: one reduce call per
+    community, map calls for communities of more than llm.summary_batch_size items, and the
+    recorded name and summary stored for each."""
+    result, server, _ = llm_build
+    stored = _query(result, "SELECT name, summary FROM communities")
+    calls = [e["key"] for e in server.log if e["key"] in SUMMARIES]
+    assert stored and calls.count(prompt_key("summarize_reduce")) == len(stored)
+    assert calls.count(prompt_key("summarize_map")) > 0
+    assert set(stored) == {("Acme Europe team", "Daniel Okafor covers Europe.")}
 
 
 def test_twice_malformed_episode_is_kept_and_rejected_with_raw_output(llm_build):

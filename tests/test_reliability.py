@@ -19,7 +19,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tkg.pipeline import faults, reliability, schema, store
+from tkg.pipeline import faults, reliability, schema, sources, store
 from tkg.pipeline.build import build
 from tkg.pipeline.faults import InjectedCrash
 from tkg.pipeline.stages import STAGES
@@ -50,7 +50,10 @@ def hostile_lines() -> tuple[list[bytes], int]:
         json.dumps({**good, "id": "rec", "kind": "json", "source": "crm.x",
                     "data": {"a": {"b": {"c": {"d": "Mallory Stone"}}}}}).encode(),
     ]
-    return lines, 5
+    return lines, len(HOSTILE_REJECTED_LINES)
+
+
+HOSTILE_REJECTED_LINES = [3, 4, 5, 6, 7]  # too long, too deep, two bad groups, not UTF-8
 
 
 def _table(snapshot: Path, table: str, where: str) -> tuple[pa.Table, list[str]]:
@@ -152,9 +155,19 @@ def test_killed_at_every_boundary_resumes_to_the_uninterrupted_snapshot(
     assert summary["rejected"] == expected["rejects"] + rejected
     assert summary["episodes_in"] == expected["lines_total"] + len(lines)
     assert_same_snapshot(result.snapshot, corpus_build.snapshot)
-    with duckdb.connect(str(result.snapshot / store.CATALOG), read_only=True) as con:
+    with store.open_catalog(result.snapshot) as con:
         kept = dict(con.execute("SELECT source_id, content FROM episodes "
                                 "WHERE group_id = 'hostile'").fetchall())
+        found = con.execute("SELECT file, line, reason FROM rejects").fetchall()
+        stored = con.execute("SELECT count(*) FROM episodes").fetchone()[0]
+    # The rejects of the crashed-and-resumed run are those of reading the file in one go,
+    # once each: none lost or repeated by a resumed stage.
+    _, once, _ = sources.read_file(sources.discover([str(hostile)])[0], run_id=run,
+                                   limits=chunked.limits, created_at=store.now())
+    assert sorted(found) == sorted(zip(once["file"].to_pylist(), once["line"].to_pylist(),
+                                       once["reason"].to_pylist(), strict=True))
+    assert sorted(line for _, line, _ in found) == HOSTILE_REJECTED_LINES
+    assert summary["episodes_ok"] == stored + len(expected["duplicates"])
     assert kept["inj"] == INJECTION  # injected text is data, stored verbatim
     assert kept["ctl"] == "Mallory\x00 moved\x1b[2J to Oslo\u2028."
     assert set(kept) == {"inj", "ctl", "rec"}
@@ -167,6 +180,45 @@ def _published_copy(source: Path, store_dir: Path, run_id: str) -> None:
 
     shutil.copytree(source, store.snapshot_dir(store_dir, run_id), copy_function=os.link)
     store.switch_current(store_dir, run_id)
+
+
+PUBLISH_POINTS = ("publish:tables", "publish:catalog", "publish:indexes", "before_switch")
+
+
+def test_a_crash_at_any_publish_step_keeps_the_good_snapshot(
+        ray_session, config, corpus_build, tmp_path, monkeypatch):
+    """Over a store with a good CURRENT, a build whose stages are done (the corpus build's
+    work dir, copied) and a community refresh are killed at every step of `store.publish`:
+    CURRENT stays on the good snapshot, which still answers; the rerun publishes."""
+    import shutil
+
+    from tkg.jobs.refresh_communities import refresh_store
+    from tkg.query.api import Retriever
+
+    store_dir = tmp_path / "store"
+    _published_copy(corpus_build.snapshot, store_dir, "good")
+    shutil.copytree(store.work_dir(corpus_build.snapshot.parents[1], "corpus-1"),
+                    store.work_dir(store_dir, "next"), copy_function=os.link)
+    for point in PUBLISH_POINTS:
+        monkeypatch.setenv(faults.ENV, point)
+        with pytest.raises(InjectedCrash):
+            build(config, [str(CORPUS)], store_dir, run_id="next")
+        with pytest.raises(InjectedCrash):
+            refresh_store(store_dir, run_id="refreshed")
+        assert store.current_run(store_dir) == "good", point
+        with store.connect(store_dir) as con:
+            assert con.execute("SELECT count(DISTINCT edge_id) FROM facts").fetchone()[0] == (
+                corpus_build.summary["facts"]), point
+    monkeypatch.delenv(faults.ENV)
+    hits = Retriever(store_dir).search("Where does Daniel Okafor live?", ["acme"])
+    assert any("Paris" in hit.fact for hit in hits.facts)
+    result = build(config, [str(CORPUS)], store_dir, run_id="next")
+    assert store.current_run(store_dir) == "next"
+    for key in ("episodes", "entities", "facts", "facts_current", "communities"):
+        assert result.summary[key] == corpus_build.summary[key], key
+    with store.connect(store_dir) as con:
+        assert con.execute("SELECT run_id FROM runs ORDER BY finished_at").fetchall() == [
+            ("corpus-1",), ("next",)]
 
 
 def test_a_stage_that_keeps_failing_fails_clearly_and_keeps_current(

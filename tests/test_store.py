@@ -5,6 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from tkg.pipeline import schema, store
+from tkg.pipeline.config import QueryConfig
 
 
 def test_group_parts_and_empty_tables_are_readable_in_duckdb(tmp_path):
@@ -21,7 +22,7 @@ def test_group_parts_and_empty_tables_are_readable_in_duckdb(tmp_path):
             store.write_empty(snapshot / table, schema.PUBLISHED[table](4))
     store.write_empty(snapshot / "mentions", schema.MENTIONS)
     store.build_catalog(snapshot, list(schema.PUBLISHED))
-    with duckdb.connect(str(snapshot / store.CATALOG), read_only=True) as con:
+    with store.open_catalog(snapshot) as con:
         assert con.execute("SELECT count(*) FROM mentions WHERE group_id = ?",
                            ["g1"]).fetchone() == (2,)
         assert con.execute("SELECT count(*) FROM facts_current").fetchone() == (0,)
@@ -62,3 +63,64 @@ def test_a_crashed_publish_leaves_the_last_good_snapshot(tmp_path):
     assert not any(again.iterdir())
     with pytest.raises(store.StoreError, match="already published"):
         store.prepare_snapshot(tmp_path, "good")
+
+
+def _facts(n: int, group: str = "g1") -> pa.Table:
+    rows = [{"edge_id": f"e{i}", "group_id": group, "fact": f"fact {i}", "version": 1,
+             "fact_embedding": [1.0, 0.0, 0.0, float(i)], "created_at": store.now()}
+            for i in range(n)]
+    return schema.from_rows(rows, schema.facts(4))
+
+
+def _publish(store_dir, run_id: str, tables: dict, **options) -> dict:
+    """`store.publish` of in-memory tables (every other published table empty)."""
+    writers = {name: (lambda target, t=table, name=name: store.write_table(
+        t, target, schema.PUBLISHED[name](4))) for name, table in tables.items()}
+    for name, make in schema.PUBLISHED.items():
+        if name not in tables and name not in options.get("kept", ()) and name != "runs":
+            writers[name] = lambda target, make=make: store.write_table(
+                make(4).empty_table(), target, make(4))
+
+    def describe(done: store.Published):
+        run = schema.from_rows([{"run_id": run_id, "status": "succeeded"}], schema.RUNS)
+        return {"run_id": run_id, "tables": done.rows, "retrieval": done.retrieval}, run
+
+    return store.publish(store_dir, run_id, writers, dim=4, query=QueryConfig(),
+                         describe=describe, **options)
+
+
+def test_publish_keeps_tables_and_their_indexes_from_the_previous_snapshot(tmp_path):
+    first = _publish(tmp_path, "r1", {"facts": _facts(3)}, previous=None)
+    assert first["tables"]["facts"] == 3 and first["retrieval"]["facts"]["rows"] == 3
+    old = store.snapshot_dir(tmp_path, "r1")
+    second = _publish(tmp_path, "r2", {"communities": schema.communities(4).empty_table()},
+                      previous=old, kept=["facts"])
+    new = store.snapshot_dir(tmp_path, "r2")
+    assert store.current_run(tmp_path) == "r2"
+    assert second["tables"]["facts"] == 3
+    assert second["retrieval"]["facts"] == first["retrieval"]["facts"]  # linked, not rebuilt
+    part = next((old / "facts").rglob("part-*.parquet"))
+    assert (new / part.relative_to(old)).stat().st_ino == part.stat().st_ino
+    with store.connect(tmp_path) as con:
+        assert con.execute("SELECT count(*) FROM facts_current").fetchone() == (3,)
+        assert con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall() == [
+            ("r1",), ("r2",)]
+
+
+def test_a_copied_store_reads_its_own_files(tmp_path, monkeypatch):
+    """The catalog names files relative to its snapshot: a copy whose original is gone
+    answers from its own files, and a catalog opened without its folder fails loudly
+    instead of reading another snapshot's files."""
+    import shutil
+
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    _publish(original, "r1", {"facts": _facts(2)}, previous=None)
+    shutil.copytree(original, copy)
+    shutil.rmtree(original)
+    with store.connect(copy) as con:
+        assert con.execute("SELECT count(*) FROM facts_current").fetchone() == (2,)
+        assert con.execute("SELECT count(*) FROM entities").fetchone() == (0,)
+    monkeypatch.chdir(tmp_path)
+    with duckdb.connect(str(store.current_snapshot(copy) / store.CATALOG),
+                        read_only=True) as con, pytest.raises(duckdb.IOException):
+        con.execute("SELECT count(*) FROM facts").fetchone()
