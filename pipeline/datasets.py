@@ -1,4 +1,12 @@
-"""Reading finished Parquet outputs back into Ray, for the runner, the stages and resume."""
+"""Reading finished Parquet outputs back into Ray, and keeping empty blocks out of shuffles.
+
+Ray Data passes an empty block through `map_batches` without calling the function, so the
+block keeps the schema it had before the map (or none at all, after a shuffle partition that
+received no rows). A hash shuffle or join sends the first block of each input to every
+partition to spread the schema; when that block is such an empty one, the partitions later
+fail to concatenate it with real rows ("Schema at index 1 was different") or look up a key
+column it lacks. `nonempty` is the one guard: every shuffle and join goes through it.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import ray
 import ray.data
+from ray.data import Dataset
 from ray.data.dataset import MaterializedDataset
 
 
@@ -20,5 +29,38 @@ def read_parquet_files(files: Sequence[str]) -> MaterializedDataset:
     """One Ray task per file, each file one block, already materialized. Ray Data's
     read_parquet plans a listing and a read operator per call, about a second of fixed cost
     that a build paid some thirty times; the files here are our own part files, each
-    written from one block, so a task per file reads them as well."""
-    return ray.data.from_arrow_refs([_read_file.remote(str(f)) for f in files])
+    written from one block, so a task per file reads them as well. Files without rows are
+    left out (one is kept when all are empty, for its schema)."""
+    with_rows = [f for f in files if pq.ParquetFile(f).metadata.num_rows]
+    chosen = with_rows or list(files[:1])
+    return ray.data.from_arrow_refs([_read_file.remote(str(f)) for f in chosen])
+
+
+@ray.remote
+def _slice(block: pa.Table, start: int, end: int) -> pa.Table:
+    return block.slice(start, end - start)
+
+
+def empty_dataset() -> MaterializedDataset:
+    """A dataset with no rows and no columns: what a shuffle of nothing yields. Maps skip
+    it, `nonempty` sees it as empty, and writers conform it to their table's schema."""
+    return ray.data.from_arrow([pa.table({})]).materialize()
+
+
+def block_refs_with_rows(ds: Dataset) -> list[ray.ObjectRef]:
+    """The blocks of `ds` (executed) that hold rows, in order."""
+    refs = []
+    for bundle in ds.materialize().iter_internal_ref_bundles():
+        for entry, part in zip(bundle.blocks, bundle.slices, strict=True):
+            if part is None:
+                if entry.metadata.num_rows:
+                    refs.append(entry.ref)
+            elif part.end_offset > part.start_offset:
+                refs.append(_slice.remote(entry.ref, part.start_offset, part.end_offset))
+    return refs
+
+
+def nonempty(ds: Dataset) -> MaterializedDataset | None:
+    """`ds` executed with its empty blocks dropped, or None when it has no rows at all."""
+    refs = block_refs_with_rows(ds)
+    return ray.data.from_arrow_refs(refs) if refs else None

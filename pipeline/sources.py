@@ -64,7 +64,7 @@ def discover(inputs: list[str], storage_config: StorageConfig | None = None
             continue
         path = Path(item)
         if path.is_file():
-            found.add(path.resolve())
+            found.add(_supported(path).resolve())
         elif path.is_dir():
             found.update(
                 p.resolve()
@@ -79,10 +79,23 @@ def discover(inputs: list[str], storage_config: StorageConfig | None = None
                     f"input {item!r} matches no file; pass a .jsonl/.parquet file, a folder "
                     "or a glob such as 'data/**/*.jsonl'"
                 )
-            found.update(files)
+            readable = [f for f in files if f.suffix.lower() in JSONL_SUFFIXES | PARQUET_SUFFIXES]
+            found.update(readable or [_supported(files[0])])  # none readable: say why
     if not found:
-        raise InputError(f"no .jsonl or .parquet files under {inputs}")
+        raise InputError(f"no input files under {', '.join(inputs)}: {SUPPORTED}")
     return sorted(found, key=str)
+
+
+SUPPORTED = ("tkg reads JSON Lines (.jsonl, .ndjson) and Parquet (.parquet, .pq), "
+             "one episode per record")
+
+
+def _supported(path: Path) -> Path:
+    """A named input file of a format tkg reads; anything else (CSV, TSV, XLSX, ...) is
+    refused here, before any work starts, instead of becoming one reject per line."""
+    if path.suffix.lower() not in JSONL_SUFFIXES | PARQUET_SUFFIXES:
+        raise InputError(f"input {str(path)!r} is not a supported file type; {SUPPORTED}")
+    return path
 
 
 def _discover_url(item: str, storage_config: StorageConfig | None) -> list[str]:

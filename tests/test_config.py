@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ValidationError
-from tkg.pipeline.config import TkgConfig, load_config
+from tkg.pipeline.config import ConfigError, TkgConfig, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,8 +19,22 @@ def test_local_yaml_is_the_embedded_default():
 def test_unknown_keys_are_errors(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("extract:\n  bakend: spacy\n")
-    with pytest.raises(ValidationError, match="bakend"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml:2: extract\.bakend: unknown key"):
         load_config(path)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("ray:\n  num_cpus: many\n", r"bad\.yaml:2: ray\.num_cpus: .*integer.*'many'"),
+    ("ray:\n  num_cpus: [1\n", r"bad\.yaml:3: not valid YAML"),
+    ("extract:\n\tbackend: spacy\n", r"bad\.yaml:2: not valid YAML"),
+    ("- a\n- b\n", r"bad\.yaml: expected a mapping"),
+])
+def test_bad_configs_are_one_line_naming_file_line_and_key(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as raised:
+        load_config(path)
+    assert "\n" not in str(raised.value)
 
 
 def test_missing_file_says_what_to_use(tmp_path):
