@@ -104,7 +104,9 @@ def store_stats(store_dir: Path) -> dict[str, Any]:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    stats = store_stats(Path(args.store))
+    from tkg.pipeline import storage
+
+    stats = store_stats(storage.location(args.store))
     if args.json:
         print(json.dumps(stats, default=str))
     else:

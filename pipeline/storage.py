@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+import duckdb
 import pyarrow.fs as pafs
 from tkg.pipeline.config import StorageConfig
 
@@ -99,6 +100,12 @@ def resolve(location: str | Path, config: StorageConfig | None = None
     if scheme in ("gs", "gcs"):
         return pafs.GcsFileSystem(), path
     return _fsspec("abfs"), path
+
+
+def location(text: str | Path) -> Path | str:
+    """A command-line location as the store functions take it: URLs stay strings (a Path
+    would fold `s3://` into `s3:/`), local paths become Paths."""
+    return text if is_url(text) else Path(text)
 
 
 def require_local(location: str | Path, what: str) -> None:
@@ -183,6 +190,20 @@ def delete_dir(location: str | Path, config: StorageConfig | None = None) -> Non
     fs, path = resolve(location, config)
     if fs.get_file_info(path).type != pafs.FileType.NotFound:
         fs.delete_dir(path)
+
+
+def register_duckdb(con: duckdb.DuckDBPyConnection, location: str | Path,
+                    config: StorageConfig | None = None) -> None:
+    """Let DuckDB read `location`'s scheme (e.g. `read_parquet('s3://...')`) through the same
+    pyarrow filesystem as tkg, wrapped for fsspec: DuckDB's own httpfs extension would be a
+    download at run time and a second set of settings."""
+    if not is_url(location):
+        return
+    from fsspec.implementations.arrow import ArrowFSWrapper
+
+    scheme = str(location).split("://", 1)[0]
+    wrapper = type("TkgFileSystem", (ArrowFSWrapper,), {"protocol": (scheme,)})
+    con.register_filesystem(wrapper(resolve(location, config)[0]))
 
 
 def lance_options(location: str | Path, config: StorageConfig | None = None

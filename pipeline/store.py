@@ -31,7 +31,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from tkg.pipeline import faults, schema, visibility
+from tkg.pipeline import faults, schema, storage, visibility
 from tkg.pipeline.config import QueryConfig
 from tkg.pipeline.index import LANCE_DIR, build_indexes
 
@@ -45,7 +45,11 @@ class StoreError(RuntimeError):
     """The store is missing, empty or unreadable; the message says what to do."""
 
 
-def snapshot_dir(store: Path, run_id: str) -> Path:
+def snapshot_dir(store: Path | str, run_id: str) -> Path:
+    """A snapshot's folder; an object-store URL for a store in object storage (typed Path | str
+    where callers may pass one: `Path("s3://b/x")` would fold the `//`)."""
+    if storage.is_url(store):
+        return storage.join(store, "snapshots", run_id)
     return Path(store) / "snapshots" / run_id
 
 
@@ -53,14 +57,19 @@ def work_dir(store: Path, run_id: str) -> Path:
     return Path(store) / "work" / run_id
 
 
-def current_run(store: Path) -> str | None:
+def current_run(store: Path | str) -> str | None:
+    if storage.is_url(store):  # one small object, written last (a whole-object PUT)
+        try:
+            return storage.read_text(storage.join(store, "CURRENT")).strip() or None
+        except FileNotFoundError:
+            return None
     pointer = Path(store) / "CURRENT"
     if not pointer.is_file():
         return None
     return pointer.read_text().strip() or None
 
 
-def current_snapshot(store: Path) -> Path:
+def current_snapshot(store: Path | str) -> Path | str:
     run_id = current_run(store)
     if run_id is None:
         raise StoreError(
@@ -106,21 +115,35 @@ def _catalog_config(snapshot: Path) -> dict[str, str]:
     return {"file_search_path": folder}
 
 
+def _create_views(con: duckdb.DuckDBPyConnection, tables: list[str], root: str = "") -> None:
+    """The catalog's views and macros; `root` prefixes the table folders (none: relative)."""
+    for table in tables:
+        glob = f"{root}/{table}/**/*.parquet" if root else f"{table}/**/*.parquet"
+        con.execute(f"CREATE VIEW {table} AS SELECT * FROM "
+                    f"read_parquet('{glob}', hive_partitioning = false)")
+    for statement in CATALOG_MACROS:
+        con.execute(statement)
+
+
 def build_catalog(snapshot: Path, tables: list[str]) -> None:
     """A DuckDB file of views over the snapshot's Parquet (paths relative to the snapshot)."""
     path = snapshot / CATALOG
     path.unlink(missing_ok=True)
     with duckdb.connect(str(path), config=_catalog_config(snapshot)) as con:
-        for table in tables:
-            con.execute(f"CREATE VIEW {table} AS SELECT * FROM "
-                        f"read_parquet('{table}/**/*.parquet', hive_partitioning = false)")
-        for statement in CATALOG_MACROS:
-            con.execute(statement)
+        _create_views(con, tables)
 
 
-def open_catalog(snapshot: Path) -> duckdb.DuckDBPyConnection:
+def open_catalog(snapshot: Path | str) -> duckdb.DuckDBPyConnection:
     """A read-only DuckDB connection on a snapshot's catalog, reading that snapshot's files
-    wherever the snapshot now lies (use this, not `duckdb.connect(CATALOG)`)."""
+    wherever the snapshot now lies (use this, not `duckdb.connect(CATALOG)`). A snapshot in
+    object storage gets an in-memory catalog built now, over its objects through the
+    filesystem registered with DuckDB (the httpfs extension is not needed)."""
+    if storage.is_url(snapshot):
+        con = duckdb.connect()
+        storage.register_duckdb(con, snapshot)
+        read_manifest(snapshot)  # a snapshot without one was never completely published
+        _create_views(con, list(schema.PUBLISHED), root=str(snapshot))
+        return con
     return duckdb.connect(str(Path(snapshot) / CATALOG), read_only=True,
                           config=_catalog_config(snapshot))
 
@@ -294,7 +317,13 @@ def switch_current(store: Path, run_id: str) -> None:
     os.replace(tmp, Path(store) / "CURRENT")
 
 
-def read_manifest(snapshot: Path) -> dict[str, Any]:
+def read_manifest(snapshot: Path | str) -> dict[str, Any]:
+    if storage.is_url(snapshot):
+        try:
+            return json.loads(storage.read_text(storage.join(snapshot, MANIFEST)))
+        except FileNotFoundError as exc:
+            raise StoreError(f"{snapshot} has no {MANIFEST}: it was never completely "
+                             "published") from exc
     path = snapshot / MANIFEST
     if not path.is_file():
         raise StoreError(f"{snapshot} has no {MANIFEST}: it was never completely published")
@@ -323,7 +352,7 @@ def previous_runs(store: Path) -> pa.Table:
     return pq.read_table(runs, schema=schema.RUNS, partitioning=None)
 
 
-def connect(store: Path) -> duckdb.DuckDBPyConnection:
+def connect(store: Path | str) -> duckdb.DuckDBPyConnection:
     """A read-only DuckDB connection on the current snapshot's catalog."""
     return open_catalog(current_snapshot(store))
 

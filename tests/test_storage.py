@@ -109,3 +109,35 @@ def test_lancedb_on_object_storage(s3, settings):
     hits = db.open_table("t").search([0.9, 0.1]).limit(1).to_list()
     assert hits[0]["id"] == "a"
     assert any("/t.lance/" in f for f in storage.list_files(url, settings))
+
+
+def test_snapshot_in_object_storage_reads_through_duckdb(s3, monkeypatch, tmp_path, capsys):
+    """A published snapshot copied to the bucket (as `aws s3 sync` would) is read where it
+    lies: CURRENT, the manifest, and a DuckDB catalog built at open time over its objects;
+    `tkg stats --store s3://...` counts it. Endpoint from AWS_ENDPOINT_URL, as on a cluster."""
+    from tkg.jobs.cli import main
+    from tkg.pipeline import schema, store
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    local = tmp_path / "store"
+    snapshot = store.prepare_snapshot(local, "run-1")
+    for table, table_schema in schema.PUBLISHED.items():
+        store.write_empty(snapshot / table, table_schema(384))
+    store.write_table(schema.from_rows(
+        [{"group_id": "g", "entity_id": "e1", "name": "Ada"},
+         {"group_id": "h", "entity_id": "e2", "name": "Bob"}], schema.PUBLISHED["entities"](384)),
+        snapshot / "entities", schema.PUBLISHED["entities"](384))
+    store.write_manifest(snapshot, {"run_id": "run-1", "summary": {}})
+    store.switch_current(local, "run-1")
+    remote = s3.url()
+    assert store.current_run(remote) is None
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        storage.write_bytes(storage.join(remote, *path.relative_to(local).parts),
+                            path.read_bytes())
+    assert store.current_run(remote) == "run-1"
+    with store.connect(remote) as con:
+        assert con.execute("SELECT group_id, name FROM entities ORDER BY 1").fetchall() == [
+            ("g", "Ada"), ("h", "Bob")]
+        assert con.execute("SELECT count(*) FROM facts_current").fetchone() == (0,)
+    assert main(["stats", "--store", remote, "--json"]) == 0
+    assert '"entities": 2' in capsys.readouterr().out
