@@ -34,11 +34,14 @@ COUNT_ROWS = (
 )
 
 
-def print_summary(summary: dict[str, Any], title: str) -> None:
+def print_summary(summary: dict[str, Any], title: str, stage_seconds: bool = True,
+                  first: str | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
+    if first:
+        console.print(first)
     counts = Table(title=title, show_header=True, header_style="bold")
     counts.add_column("what")
     counts.add_column("count", justify="right")
@@ -47,7 +50,7 @@ def print_summary(summary: dict[str, Any], title: str) -> None:
             counts.add_row(label, f"{summary[key]:,}")
     console.print(counts)
     seconds = summary.get("seconds") or {}
-    if seconds:
+    if seconds and stage_seconds:
         stages = Table(title="seconds per stage", show_header=True, header_style="bold")
         stages.add_column("stage")
         stages.add_column("seconds", justify="right")
@@ -59,15 +62,46 @@ def print_summary(summary: dict[str, Any], title: str) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from tkg.pipeline.build import build
+    """Inputs are checked before Ray starts; while it runs, the terminal gets one line per
+    stage and everything else goes to the run's log (see jobs/build_output.py)."""
+    from tkg.jobs import build_output
+    from tkg.pipeline import sources, store
     from tkg.pipeline.config import load_config
 
     config = load_config(args.config)
-    result = build(config, args.input, args.store, run_id=args.run_id)
+    files = sources.discover(args.input, config.storage)  # refuses odd inputs, Ray not started
+    from tkg.pipeline.build import build, new_run_id
+    from tkg.pipeline.stages import STAGES
+
+    run_id = args.run_id or new_run_id(store.now(), files)
+    work = store.work_dir(Path(args.store), run_id)
+    log_path = None if args.verbose else work / build_output.LOG_NAME
+    with build_output.terminal(log_path, args.json) as (out, err):
+        try:
+            if args.json:
+                result = build(config, args.input, args.store, run_id=run_id)
+            else:
+                with build_output.StageProgress(out, work, [s.name for s in STAGES]) as shown:
+                    result = build(config, args.input, args.store, run_id=run_id)
+                shown.finish("publish", result.summary["seconds"].get("publish", 0.0))
+        except (sources.InputError, store.StoreError):
+            raise  # the user's to fix: main() prints them
+        except Exception as exc:  # the traceback goes to the log, one line to the terminal
+            import traceback
+
+            traceback.print_exc()
+            print(f"tkg: error: {build_output.failure_line(exc, run_id)}", file=err)
+            if log_path is not None:
+                print(f"tkg: log: {log_path}", file=err)
+            return 1
     if args.json:
         print(json.dumps(result.summary, default=str))
-    else:
-        print_summary(result.summary, f"tkg build {result.summary['run_id']}")
+        return 0
+    reasons = build_output.reject_reasons(result.snapshot, run_id)
+    print_summary(result.summary, f"tkg build {run_id}", stage_seconds=False,
+                  first=build_output.accepted_line(result.summary, reasons))
+    if log_path is not None:
+        print(f"log: {log_path}")
     return 0
 
 
@@ -138,7 +172,11 @@ def parser() -> argparse.ArgumentParser:
                        help="a .jsonl/.parquet file, a folder or a glob; repeatable")
     build.add_argument("--store", required=True, help="store folder")
     build.add_argument("--run-id", default=None, help="resume or name a run")
-    build.add_argument("--json", action="store_true", help="print one JSON object")
+    build.add_argument("--json", action="store_true",
+                       help="print one JSON object on stdout and nothing else")
+    build.add_argument("--verbose", action="store_true",
+                       help="show Ray's and the libraries' logs instead of writing them to "
+                       "the run's log file")
     build.set_defaults(fn=cmd_build)
 
     stats = commands.add_parser("stats", help="counts of the current snapshot")
@@ -177,6 +215,10 @@ def parser() -> argparse.ArgumentParser:
     from tkg.jobs import ops
 
     ops.add_commands(commands, benches)
+
+    from tkg.jobs import mcp
+
+    mcp.add_command(commands)
     return root
 
 

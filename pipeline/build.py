@@ -1,7 +1,7 @@
 """The build runner: stages in order, outputs materialized under the run's work dir, publish.
 
-A stage whose `_SUCCESS.json` exists in the work dir is not run again, so `tkg build
---run-id ID` after a crash resumes after the last finished stage.
+A stage whose output is marked finished in the work dir (`tkg.pipeline.outputs`) is not run
+again, so `tkg build --run-id ID` after a crash resumes after the last finished stage.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -85,7 +86,9 @@ def init_ray(config: TkgConfig) -> int:
             configure_logging=True, _system_config=_worker_pool(config),
         )
     context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = config.ray.progress_bars
+    # Bars only on a terminal: written to a log file (tkg build without --verbose) they are
+    # thousands of lines of carriage returns.
+    context.enable_progress_bars = config.ray.progress_bars and sys.stderr.isatty()
     context.verbose_progress = False
     cpus = int(ray.cluster_resources().get("CPU", 1))
     context.default_hash_shuffle_parallelism = config.ray.shuffle_partitions or max(2 * cpus, 2)

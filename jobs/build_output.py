@@ -1,0 +1,200 @@
+"""What `tkg build` shows: one line per stage while it runs, then the summary. Everything else
+(Ray's and Ray Data's logs, LanceDB's, model loading bars, warnings of the processes Ray
+starts) goes to a log file under the run's work dir, unless --verbose.
+
+The redirection is of file descriptors 1 and 2, not of Python's sys.stdout: Ray's raylet
+and workers, and C++ libraries, write to the descriptors they inherit, so only that keeps
+them off the terminal (and off stdout under --json).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+LOG_NAME = "tkg.log"
+SUCCESS = "_SUCCESS.json"  # the runner's marker of a finished stage
+
+
+@contextlib.contextmanager
+def terminal(log_path: Path | None, json_mode: bool) -> Iterator[tuple[IO[str], IO[str]]]:
+    """(stdout, stderr) of the terminal for tkg's own lines. Inside the block, fds 1 and 2
+    write to `log_path` when given; else, under --json, fd 1 writes to stderr."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    out = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+    err = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    log = None
+    try:
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed below
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        elif json_mode:
+            os.dup2(saved[1], 1)
+        yield out, err
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for stream in (out, err, log):
+            if stream is not None:
+                stream.close()
+        for fd in saved:
+            os.close(fd)
+
+
+class StageProgress:
+    """A line per finished stage and a live line for the running one, read from the stage
+    markers the runner writes in the work dir (so a resumed run shows its skipped stages
+    too, and the runner knows nothing of the terminal)."""
+
+    def __init__(self, stream: IO[str], work_dir: Path, stages: list[str]) -> None:
+        from rich.console import Console
+
+        self.console = Console(file=stream)
+        self.work_dir = work_dir
+        self.stages = stages
+        self.shown: set[str] = set()
+        self.started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> StageProgress:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def finish(self, name: str, seconds: float) -> None:
+        """The line of a step that has no marker (publish)."""
+        self.console.print(self._line(name, seconds))
+
+    def _finished(self) -> list[tuple[str, float]]:
+        import json
+
+        done = []
+        for name in self.stages:
+            marker = self.work_dir / name / SUCCESS
+            if not marker.is_file():
+                break
+            try:
+                done.append((name, float(json.loads(marker.read_text())["seconds"])))
+            except (ValueError, KeyError, OSError):  # being written: next poll
+                break
+        return done
+
+    def _line(self, name: str, seconds: float) -> str:
+        return f"  [green]✓[/green] {name:<12} {seconds:7.1f} s"
+
+    def _running(self) -> str:
+        done = len(self.shown)
+        name = self.stages[done] if done < len(self.stages) else "publish"
+        return f"  [cyan]…[/cyan] {name:<12} {time.monotonic() - self.started:7.1f} s"
+
+    def _run(self) -> None:
+        from rich.live import Live
+
+        live = Live(self._running(), console=self.console, transient=True,
+                    refresh_per_second=4) if self.console.is_terminal else None
+        with live or contextlib.nullcontext():
+            while not self._stop.wait(0.25):
+                self._show_finished(live)
+            self._show_finished(live)
+
+    def _show_finished(self, live: Any) -> None:
+        for name, seconds in self._finished():
+            if name not in self.shown:
+                self.shown.add(name)
+                self.started = time.monotonic()
+                (live.console if live else self.console).print(self._line(name, seconds))
+        if live:
+            live.update(self._running())
+
+
+def reject_reasons(snapshot: Path, run_id: str) -> dict[str, int]:
+    """Records this run left out of the graph, by kind of reason ("malformed JSON")."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    folder = snapshot / "rejects"
+    if not folder.is_dir():
+        return {}
+    table = ds.dataset(folder, format="parquet").to_table(columns=["run_id", "stage", "reason"])
+    mine = table.filter(pc.and_(pc.equal(table["run_id"], run_id),
+                                pc.is_in(table["stage"], pa_strings(["read", "window"]))))
+    counts: dict[str, int] = {}
+    for reason in mine["reason"].to_pylist():
+        kind = re.sub(r"\s+", " ", (reason or "unknown").split(":", 1)[0]).strip()[:60]
+        counts[kind] = counts.get(kind, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def pa_strings(values: list[str]):
+    import pyarrow as pa
+
+    return pa.array(values, pa.string())
+
+
+def accepted_line(summary: dict[str, Any], reasons: dict[str, int]) -> str:
+    """'3 accepted, 2 rejected: malformed JSON (1), missing field 'content' (1)'."""
+    line = f"{summary.get('episodes_ok', 0):,} accepted, {summary.get('rejected', 0):,} rejected"
+    if reasons:
+        shown = [f"{kind} ({count:,})" for kind, count in list(reasons.items())[:3]]
+        rest = len(reasons) - len(shown)
+        line += ": " + ", ".join(shown) + (f" and {rest} more kinds" if rest else "")
+    return line
+
+
+TRANSIENT = ("RayActorError", "WorkerCrashedError", "OutOfMemoryError", "ObjectLostError",
+             "NodeDiedError", "OwnerDiedError", "RaySystemError", "OSError", "TimeoutError",
+             "ConnectionError")
+
+
+def root_cause(exc: BaseException) -> BaseException:
+    """The exception behind Ray's and tkg's wrappers."""
+    seen = 0
+    while seen < 10:
+        inner = getattr(exc, "cause", None) or exc.__cause__
+        if not isinstance(inner, BaseException) or inner is exc:
+            return exc
+        exc, seen = inner, seen + 1
+    return exc
+
+
+def first_line(text: str) -> str:
+    """The first line that says something (Ray prefixes its task name and a blank line)."""
+    for line in str(text).splitlines():
+        line = line.strip()
+        if line and not line.startswith(("ray::", "Traceback", "---> ")):
+            return line[:300]
+    return ""
+
+
+def failure_line(exc: BaseException, run_id: str | None) -> str:
+    """One line for a failed build: where, what, and whether resuming can help."""
+    from tkg.pipeline.reliability import StageFailed
+
+    if not isinstance(exc, StageFailed):
+        return first_line(str(exc)) or type(exc).__name__
+    stage = re.search(r"stage '([^']+)'", str(exc))
+    where = f"stage {stage.group(1)}" if stage else "a stage"
+    cause = root_cause(exc)
+    names = {cls.__name__ for cls in type(cause).__mro__}
+    what = f"{type(cause).__name__}: {first_line(str(cause))}"
+    if names & set(TRANSIENT):
+        return (f"{where} failed: {what}; rerun with --run-id {run_id} to resume from it "
+                "(finished stages are kept)")
+    return f"{where} failed: {what} (a bug in tkg, not in your input: please report it)"
