@@ -290,13 +290,14 @@ section { border-top: 1px solid #eee; padding-top: 0.5em; }
 
 def render_report(store_dir: str | Path) -> str:
     """The page for the current snapshot of `store_dir`."""
-    from tkg.pipeline import store
+    from tkg.pipeline import storage, store
 
-    snapshot = store.current_snapshot(Path(store_dir))
+    store_dir = storage.location(store_dir)
+    snapshot = store.current_snapshot(store_dir)
     manifest = store.read_manifest(snapshot)
     run_id = manifest["run_id"]
     embedding = manifest.get("embedding", {})
-    with store.connect(Path(store_dir)) as con:
+    with store.connect(store_dir) as con:
         ctx = Context(con, run_id, manifest)
         body = "".join(
             f'<section id="{s.key}"><h2>{esc(s.title)}</h2>{s.render(ctx)}</section>'

@@ -141,3 +141,5 @@ def test_snapshot_in_object_storage_reads_through_duckdb(s3, monkeypatch, tmp_pa
         assert con.execute("SELECT count(*) FROM facts_current").fetchone() == (0,)
     assert main(["stats", "--store", remote, "--json"]) == 0
     assert '"entities": 2' in capsys.readouterr().out
+    assert main(["report", "--store", remote, "--out", str(tmp_path / "r.html")]) == 0
+    assert "run-1" in (tmp_path / "r.html").read_text()
