@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from tkg.query.rerank import CROSS_ENCODERS
+
 if TYPE_CHECKING:
     from tkg.pipeline.config import QueryConfig
     from tkg.query.api import Retriever
@@ -21,9 +23,19 @@ def configured_query(path: str | None) -> QueryConfig | None:
 
 
 def _open(args: argparse.Namespace) -> Retriever:
+    """The store's retriever with `--config`'s query section and `--cross-encoder`."""
+    from pathlib import Path
+
+    from tkg.pipeline import store
+    from tkg.query.snapshot import snapshot_config
+
     from tkg import query
 
-    return query.open(args.store, config=configured_query(args.config))
+    config = configured_query(args.config)
+    if getattr(args, "cross_encoder", None):
+        config = (config or snapshot_config(store.read_manifest(store.current_snapshot(
+            Path(args.store))))).model_copy(update={"cross_encoder": args.cross_encoder})
+    return query.open(args.store, config=config)
 
 
 def _add_query_flags(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +52,9 @@ def _add_query_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--known-at", default=None,
                         help="transaction time, ISO-8601: what the store believed then")
     parser.add_argument("--center", default=None, help="entity id for node-distance recipes")
+    parser.add_argument("--cross-encoder", default=None, choices=CROSS_ENCODERS.names(),
+                        help="the model of cross_encoder recipes (query.cross_encoder; bge "
+                             "loads query.cross_encoder_model)")
     parser.add_argument("--origin", action="append", default=None,
                         help="entity id to expand from (BFS); repeatable")
     parser.add_argument("--conversation", default=None,
@@ -116,6 +131,8 @@ def add_query_commands(commands: Any, benches: Any) -> None:
                             help="YAML config whose `query` section replaces the snapshot's")
     evaluation.add_argument("--questions", required=True, help="JSON Lines question file")
     evaluation.add_argument("--recipe", default=None, help="default: query.recipe")
+    evaluation.add_argument("--cross-encoder", default=None, choices=CROSS_ENCODERS.names(),
+                            help="the model of cross_encoder recipes (query.cross_encoder)")
     evaluation.add_argument("--k", type=int, default=10)
     evaluation.add_argument("--max-tokens", type=int, default=None,
                             help="context budget for answer-in-context (2000)")

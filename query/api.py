@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tkg.pipeline.config import EmbedConfig, QueryConfig
+from tkg.pipeline.config import MAX_RESULTS, EmbedConfig, QueryConfig
 from tkg.query import rerank
 from tkg.query.context import build_context
 from tkg.query.recipes import Part, Recipe, get_recipe
@@ -165,9 +165,15 @@ class Retriever:
 
     @property
     def cross_encoder(self) -> rerank.CrossEncoder:
+        """The model of `cross_encoder` rerankers (`query.cross_encoder`), loaded once."""
         if self._cross_encoder is None:
-            self._cross_encoder = rerank.BiEncoderSecondPass(self.embedder)
+            self._cross_encoder = rerank.load_cross_encoder(self.config, lambda: self.embedder)
         return self._cross_encoder
+
+    def load_models(self) -> None:
+        """Load the query embedder and the cross-encoder now (a server's start), not in the
+        first request; a configured model that is missing fails here."""
+        _ = self.embedder, self.cross_encoder
 
     def embed(self, text: str) -> np.ndarray:
         """The query's vector (a small LRU: eval and retries ask the same text again)."""
@@ -196,11 +202,11 @@ class Retriever:
         snap = self.snapshot()
         recipe = self.recipe(recipe)
         limit = self.config.limit if limit is None else int(limit)
-        if not 1 <= limit <= 1_000:
-            raise QueryError(f"limit must be within 1..1000, got {limit}")
+        if not 1 <= limit <= MAX_RESULTS:
+            raise QueryError(f"limit must be within 1..{MAX_RESULTS}, got {limit}")
         scope = make_scope(group_ids, as_of, known_at, filters)
-        return _Run(self, snap, recipe, scope, text, limit, center, origins,
-                    conversation_id).result()
+        return OneSearch(self, snap, recipe, scope, text, limit, center, origins,
+                         conversation_id).result()
 
     def context(self, text: str, group_ids: Sequence[str] | str, *,
                 max_tokens: int | None = None, **search: Any) -> str:
@@ -217,13 +223,13 @@ class Retriever:
         return recipe if isinstance(recipe, Recipe) else get_recipe(recipe or self.config.recipe)
 
 
-class _Run:
+class OneSearch:
     """One search: candidates per kind and method, graph expansion, rerank, hydrate."""
 
     def __init__(self, retriever: Retriever, snap: Snapshot, recipe: Recipe, scope: Scope,
                  text: str, limit: int, center: str | None, origins: Sequence[str] | None,
                  conversation_id: str | None) -> None:
-        self.r, self.snap, self.recipe, self.scope = retriever, snap, recipe, scope
+        self.retriever, self.snap, self.recipe, self.scope = retriever, snap, recipe, scope
         self.text, self.limit = text, limit
         self.pool = max(recipe.candidates, limit)
         self.center = self._entity_row(center, "center") if center else None
@@ -242,23 +248,23 @@ class _Run:
     @property
     def vector(self) -> np.ndarray:
         if self._vector is None:
-            self._vector = self.r.embed(self.text)
+            self._vector = self.retriever.embed(self.text)
         return self._vector
 
     def hits(self, kind: str, method: str) -> Any:
         """The LanceDB search of one kind and method (a coroutine)."""
         table = self.snap.kinds[kind]
         if method == "cosine":
-            return cosine(table, self.vector, self.scope, self.pool, self.r.config)
+            return cosine(table, self.vector, self.scope, self.pool, self.retriever.config)
         return bm25(table, self.text, self.scope, self.pool)
 
     def _in_memory(self, kind: str, method: str) -> Any:
         """A search that can run in memory (a function of nothing), or None."""
         if method == "cosine":
-            spans = exact_spans(self.snap, kind, self.scope, self.r.config)
+            spans = exact_spans(self.snap, kind, self.scope, self.retriever.config)
             return None if spans is None else partial(
                 exact_cosine, self.snap, kind, self.vector, self.scope, self.pool,
-                self.r.config, spans)
+                self.retriever.config, spans)
         spans = text_spans(self.snap, kind, self.scope)
         return None if spans is None else partial(
             memory_bm25, self.snap, kind, self.text, self.scope, self.pool, spans)
@@ -342,33 +348,13 @@ class _Run:
 
     def _rerank(self, kind: str, part: Part, found: list[list[int]],
                 scores: list[list[float] | None]) -> Hits:
+        """RRF over the methods' lists, then the part's reranker (`rerank.RERANKERS`) over
+        the recipe's pool of the fused keys."""
         fused = rerank.rrf(found, self.recipe.rrf_k, scores=scores)
         keys = [row for row, _ in fused][:self.pool]
-        meta = self.snap.kinds[kind].meta
-        if part.reranker == "rrf" or not keys:
+        if not keys:
             return fused
-        if part.reranker == "mmr":
-            vectors = vectors_of(self.snap.kinds[kind], keys, self.scope)
-            keys = [k for k in keys if k in vectors]
-            return rerank.mmr(self.vector, keys, np.stack([vectors[k] for k in keys]),
-                              self.recipe.mmr_lambda, self.limit) if keys else []
-        if part.reranker == "episode_mentions":
-            counts = (meta["mention_count"] if kind == "entities" else None)
-            mentions = ({k: int(counts[k].as_py() or 0) for k in keys} if counts is not None
-                        else {k: len(meta["episode_ids"][k].as_py() or []) for k in keys}
-                        if kind == "facts" else {})
-            return rerank.episode_mentions(keys, mentions)
-        if part.reranker == "node_distance":
-            if self.center is None:
-                raise QueryError(f"recipe {self.recipe.name} ranks by distance from a center "
-                                 "entity: pass center=ENTITY_ID (--center)")
-            distances = rerank.shortest_hops(self.center, neighbours(self.snap, self.scope))
-            ends = ({k: (int(self.snap.fact_src[k]), int(self.snap.fact_tgt[k])) for k in keys}
-                    if kind == "facts" else {k: (k,) for k in keys})
-            return rerank.node_distance(keys, ends, distances)
-        keys = keys[:max(self.recipe.cross_encoder_top, self.limit)]
-        texts = [passage(meta, kind, k, self.snap) for k in keys]
-        return rerank.cross_encoder(self.text, keys, texts, self.r.cross_encoder)
+        return rerank.RERANKERS.build(part.reranker, KindCandidates(self, kind, fused, keys))
 
     # --- hydration ----------------------------------------------------------------
     def _hydrate(self, ranked: dict[str, Hits]) -> SearchResult:
@@ -391,15 +377,19 @@ class _Run:
                 score=round(score, 6), episodes=[self._episode_source(e) for e in cited]))
         entities = ranked.get("entities", [])
         entity_sources: list[int] = []
+        present = summaries_hold(snap, self.scope)
         for (row, score), entity in zip(entities, _rows(
                 snap, "entities", entities, ("entity_id", "name", "summary")), strict=True):
             entity_sources += self._entity_episodes(row)
-            result.entities.append(EntityHit(**entity, score=round(score, 6)))
+            result.entities.append(EntityHit(**{**entity, "summary": entity["summary"]
+                                                if present else None}, score=round(score, 6)))
         communities = ranked.get("communities", [])
         for (_, score), community in zip(communities, _rows(
                 snap, "communities", communities, ("community_id", "name", "summary")),
                                          strict=True):
-            result.communities.append(CommunityHit(**community, score=round(score, 6)))
+            result.communities.append(CommunityHit(**{
+                **community, "summary": community["summary"] if present else None},
+                score=round(score, 6)))
         hits = ranked.get("episodes", [])
         if self.recipe.provenance:
             hits = rerank.rrf([[r for r, _ in hits], fact_sources, entity_sources],
@@ -438,6 +428,75 @@ class _Run:
 
     def _episode_source(self, row: int) -> str:
         return self.snap.kinds["episodes"].meta["source_id"][row].as_py()
+
+
+@dataclass
+class KindCandidates:
+    """One kind's candidates in one search: what a reranker step reads
+    (`rerank.Candidates`)."""
+
+    search: OneSearch
+    kind: str
+    fused: Hits
+    keys: list[int]
+
+    @property
+    def text(self) -> str:
+        return self.search.text
+
+    @property
+    def limit(self) -> int:
+        return self.search.limit
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.search.recipe
+
+    def query_vector(self) -> np.ndarray:
+        return self.search.vector
+
+    def vectors(self, keys: list[int]) -> dict[int, np.ndarray]:
+        return vectors_of(self.search.snap.kinds[self.kind], keys, self.search.scope)
+
+    def mention_counts(self, keys: list[int]) -> dict[int, int]:
+        """Entities: their mention count; facts: their provenance episodes."""
+        meta = self.search.snap.kinds[self.kind].meta
+        if self.kind == "entities":
+            return {k: int(meta["mention_count"][k].as_py() or 0) for k in keys}
+        if self.kind == "facts":
+            return {k: len(meta["episode_ids"][k].as_py() or []) for k in keys}
+        return {}
+
+    def center_hops(self, keys: list[int]
+                    ) -> tuple[Mapping[int, Sequence[int]], Mapping[Hashable, int]]:
+        search, snap = self.search, self.search.snap
+        if search.center is None:
+            raise QueryError(f"recipe {search.recipe.name} ranks by distance from a center "
+                             "entity: pass center=ENTITY_ID (--center)")
+        distances = rerank.shortest_hops(search.center, neighbours(snap, search.scope))
+        ends: dict[int, Sequence[int]] = (
+            {k: (int(snap.fact_src[k]), int(snap.fact_tgt[k])) for k in keys}
+            if self.kind == "facts" else {k: (k,) for k in keys})
+        return ends, distances
+
+    def passages(self, keys: list[int]) -> list[str]:
+        meta = self.search.snap.kinds[self.kind].meta
+        return [passage(meta, self.kind, k, self.search.snap) for k in keys]
+
+    def cross_encoder(self) -> rerank.CrossEncoder:
+        return self.search.retriever.cross_encoder
+
+
+def summaries_hold(snap: Snapshot, scope: Scope) -> bool:
+    """Summaries are written from the facts that hold when the store was built: they speak
+    for a time at or after the newest fact's start, as known once every fact was. An answer
+    about an earlier time (or an earlier state of knowledge) leaves them out."""
+    facts = snap.kinds["facts"]
+    if not facts.rows:
+        return True
+    newest = facts.bounds.get("valid_at_us", (0, 0))[1]
+    written = facts.bounds.get("created_at_us", (0, 0))[1]
+    return scope.as_of >= newest and scope.known_at >= written
 
 
 def passage(meta: Any, kind: str, row: int, snap: Snapshot) -> str:

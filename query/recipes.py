@@ -5,7 +5,8 @@ reranker orders them; the search code has one path that reads this data.
 Methods: `cosine` (vector index), `bm25` (native full-text index), `bfs` (graph expansion
 from the hits, the given `origins` or a conversation's recent episodes).
 Rerankers: `rrf`, `mmr`, `episode_mentions`, `node_distance` (needs `center`),
-`cross_encoder`.
+`cross_encoder` (`query.cross_encoder` picks the model). The default recipe is the config's
+`query.recipe`.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from tkg.query.rerank import RERANKERS
+
 METHODS = frozenset({"cosine", "bm25", "bfs"})
-RERANKERS = frozenset({"rrf", "mmr", "episode_mentions", "node_distance", "cross_encoder"})
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,6 @@ RECIPES: MappingProxyType[str, Recipe] = MappingProxyType({r.name: r for r in (
     Recipe("episodes_flat_rrf", "the flat baseline: BM25 + cosine over episodes alone, RRF "
            "(no graph)", episodes=HYBRID, provenance=False),
 )})
-DEFAULT = "combined_hybrid_rrf"
 BASELINE = "episodes_flat_rrf"
 
 

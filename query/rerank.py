@@ -1,18 +1,26 @@
 """Rerankers: small pure functions over ranked candidate keys (Zep §3, Graphiti's set).
 
 Every function takes keys in some order and returns `(key, score)` pairs best-first. Ties
-keep the input order, so a reranker never shuffles what it cannot tell apart. Two of them
+keep the input order, so a reranker never shuffles what it cannot tell apart. `RERANKERS`
+names the step a recipe's `reranker` picks (each reads what it needs from `Candidates`);
+`CROSS_ENCODERS` the model behind `cross_encoder` (`query.cross_encoder`). Two of them
 fix bugs of Graphiti's versions: `episode_mentions` ranks MORE mentions HIGHER, and
 `node_distance` uses true shortest-path hops (BFS over the whole graph), not one hop.
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
+from tkg.pipeline.registry import Registry
+
+if TYPE_CHECKING:
+    from tkg.pipeline.config import QueryConfig
+    from tkg.query.recipes import Recipe
 
 K = TypeVar("K", bound=Hashable)
 UNREACHABLE = 1_000_000  # hop distance of a node the center cannot reach
@@ -135,16 +143,25 @@ class BiEncoderSecondPass:
 
 
 class BGEReranker:
-    """BAAI bge-reranker through FlagEmbedding (the `gpu` extra): a true cross-encoder."""
+    """BAAI bge-reranker through FlagEmbedding: a true cross-encoder. `model` is a local
+    folder or a Hugging Face name already in the local cache: nothing is downloaded."""
 
     def __init__(self, model: str = "BAAI/bge-reranker-v2-m3", use_fp16: bool = True) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         try:
             from FlagEmbedding import FlagReranker
         except ImportError as exc:
             raise RuntimeError(
                 "the BGE reranker needs FlagEmbedding: `pip install -e '.[gpu]'`, or use the "
-                "CPU default (BiEncoderSecondPass)") from exc
-        self.model = FlagReranker(model, use_fp16=use_fp16)
+                "CPU default (query.cross_encoder: bi_encoder)") from exc
+        try:
+            self.model = FlagReranker(model, use_fp16=use_fp16)
+        except OSError as exc:  # (a ValueError: a config naming what is not there)
+            raise ValueError(
+                f"the BGE reranker model {model!r} is not available offline: put its files in "
+                "a folder and set query.cross_encoder_model to it (or pre-fill the Hugging "
+                f"Face cache), or use query.cross_encoder: bi_encoder ({exc})") from None
 
     def score(self, query: str, passages: list[str]) -> np.ndarray:
         if not passages:
@@ -159,3 +176,76 @@ def cross_encoder(query: str, keys: Sequence[K], texts: Sequence[str],
     scores = np.asarray(encoder.score(query, list(texts)), dtype=np.float64)
     order = sorted(range(len(keys)), key=lambda i: (-scores[i], i))
     return [(keys[i], float(scores[i])) for i in order]
+
+
+# Factories take the query config and a function giving the query embedder (only the
+# bi-encoder pass loads it). (FlagEmbedding runs fp32 on a CPU whatever use_fp16 says.)
+CROSS_ENCODERS: Registry[CrossEncoder] = Registry("cross-encoder")
+CROSS_ENCODERS.register("bi_encoder", lambda config, embedder: BiEncoderSecondPass(embedder()))
+CROSS_ENCODERS.register("bge", lambda config, embedder: BGEReranker(config.cross_encoder_model))
+
+
+def load_cross_encoder(config: QueryConfig, embedder: Callable[[], Any]) -> CrossEncoder:
+    """The model `query.cross_encoder` names."""
+    return CROSS_ENCODERS.build(config.cross_encoder, config, embedder)
+
+
+class Candidates(Protocol):
+    """One kind's candidates in one search, as a reranker step sees them."""
+
+    kind: str
+    text: str  # the query
+    limit: int
+    recipe: Recipe
+    fused: list[tuple[int, float]]  # RRF over the methods' lists, best first
+    keys: list[int]  # the fused keys, cut to the recipe's candidate pool
+
+    def query_vector(self) -> np.ndarray: ...
+
+    def vectors(self, keys: list[int]) -> dict[int, np.ndarray]: ...
+
+    def mention_counts(self, keys: list[int]) -> dict[int, int]: ...
+
+    def center_hops(self, keys: list[int]
+                    ) -> tuple[Mapping[int, Sequence[int]], Mapping[Hashable, int]]:
+        """Each key's endpoint entities and the hops from the center to every entity."""
+        ...
+
+    def passages(self, keys: list[int]) -> list[str]: ...
+
+    def cross_encoder(self) -> CrossEncoder: ...
+
+
+RERANKERS: Registry[list[tuple[int, float]]] = Registry("reranker")
+
+
+@RERANKERS.register("rrf")
+def by_rrf(c: Candidates) -> list[tuple[int, float]]:
+    return c.fused
+
+
+@RERANKERS.register("mmr")
+def by_mmr(c: Candidates) -> list[tuple[int, float]]:
+    vectors = c.vectors(c.keys)
+    keys = [k for k in c.keys if k in vectors]
+    if not keys:
+        return []
+    return mmr(c.query_vector(), keys, np.stack([vectors[k] for k in keys]),
+               c.recipe.mmr_lambda, c.limit)
+
+
+@RERANKERS.register("episode_mentions")
+def by_episode_mentions(c: Candidates) -> list[tuple[int, float]]:
+    return episode_mentions(c.keys, c.mention_counts(c.keys))
+
+
+@RERANKERS.register("node_distance")
+def by_node_distance(c: Candidates) -> list[tuple[int, float]]:
+    endpoints, distances = c.center_hops(c.keys)
+    return node_distance(c.keys, endpoints, distances)
+
+
+@RERANKERS.register("cross_encoder")
+def by_cross_encoder(c: Candidates) -> list[tuple[int, float]]:
+    keys = c.keys[:max(c.recipe.cross_encoder_top, c.limit)]
+    return cross_encoder(c.text, keys, c.passages(keys), c.cross_encoder())

@@ -93,7 +93,7 @@ def test_bm25_in_memory_ranks_as_lancedb_does_in_every_scope(tmp_path):
             text = " ".join(tables[kind][column][i * 7 % tables[kind].num_rows].as_py()
                             .split()[:4])
             ours = search.memory_bm25(snap, kind, text, scope, 15)
-            lance = search.gather([search.bm25(snap.kinds[kind], text, scope, 15)])[0]
+            lance = search.start([search.bm25(snap.kinds[kind], text, scope, 15)]).result()[0]
             assert _agree(lance, ours), (kind, i, text)
             compared += len(ours)
     assert compared > 250

@@ -203,3 +203,75 @@ def test_label_filter(tiny):
     result = tiny.search("Ana Silva Initech Porto", ["g1"], recipe="entities_hybrid_rrf",
                          filters=Filters(labels=("Place",)))
     assert {e.name for e in result.entities} == {"Porto", "Lisbon"}  # BFS obeys it too
+
+
+def test_cross_encoder_order_is_pinned(tiny):
+    """The default cross-encoder (the bi-encoder second pass) through a whole search: the
+    order and scores are pinned, so a reranker that keeps RRF's order fails."""
+    result = tiny.search("Where does Ana Silva work?", ["g1"], recipe="combined_cross_encoder")
+    assert [(f.fact, f.score) for f in result.facts] == [
+        ("Ana Silva works at Initech.", pytest.approx(0.8212, abs=1e-3)),
+        ("Ana Silva moved to Lisbon.", pytest.approx(0.7041, abs=1e-3)),
+        ("Bruno Costa works at Initech.", pytest.approx(0.3488, abs=1e-3))]
+    assert [e.name for e in result.entities] == [
+        "Ana Silva", "Bruno Costa", "Lisbon", "Porto", "Initech"]
+
+
+def test_the_configured_recipe_reaches_search_and_eval(tiny, tmp_path, capsys):
+    """`query.recipe` (facts only here) from the Python API and from `--config` of
+    `tkg search` and `tkg eval`; without it the snapshot's own (combined) recipe."""
+    from tkg.jobs.cli import main
+    from tkg.pipeline.config import QueryConfig
+
+    from tkg import query
+
+    text = "Where does Ana Silva live?"
+    facts_only = query.open(tiny.store, config=QueryConfig(recipe="facts_hybrid_rrf"))
+    found = facts_only.search(text, ["g1"])
+    assert found.facts and not found.entities
+    assert tiny.search(text, ["g1"]).entities
+    config = tmp_path / "facts.yaml"
+    config.write_text("query:\n  recipe: facts_hybrid_rrf\n")
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(json.dumps({"group_id": "g1", "question": text,
+                                     "evidence": ["m4"]}) + "\n")
+    capsys.readouterr()
+    assert main(["search", "--store", str(tiny.store), "--group", "g1", "--query", text,
+                 "--config", str(config), "--json"]) == 0
+    searched = json.loads(capsys.readouterr().out)
+    assert searched["facts"] and searched["entities"] == []
+    assert main(["eval", "--store", str(tiny.store), "--questions", str(questions),
+                 "--config", str(config), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert list(report["recipes"]) == ["facts_hybrid_rrf", "episodes_flat_rrf"]
+
+
+def test_the_bge_reranker_is_reachable_from_config_and_cli(tiny, tmp_path, capsys):
+    """`query.cross_encoder: bge` (FlagEmbedding, the tiny seeded model of test_rerank)
+    ranks `cross_encoder` recipes, from the Python API and from `tkg search --cross-encoder`;
+    the scores are the model's for each fact's passage."""
+    from tkg.jobs.cli import main
+    from tkg.pipeline.config import QueryConfig
+    from tkg.query.rerank import BGEReranker
+
+    from tests.test_rerank import tiny_bge_model
+    from tkg import query
+
+    model = tiny_bge_model(tmp_path / "bge")
+    retriever = query.open(tiny.store, config=QueryConfig(cross_encoder="bge",
+                                                          cross_encoder_model=model))
+    text = "Where does Ana Silva work?"
+    result = retriever.search(text, ["g1"], recipe="combined_cross_encoder")
+    assert isinstance(retriever.cross_encoder, BGEReranker)
+    passages = [f"{f.fact} ({f.source} - {f.target})" for f in result.facts]
+    expected = retriever.cross_encoder.score(text, passages)
+    assert [f.score for f in result.facts] == pytest.approx(expected.tolist(), abs=1e-5)
+    assert [f.score for f in result.facts] == sorted((f.score for f in result.facts),
+                                                     reverse=True)
+    config = tmp_path / "bge.yaml"
+    config.write_text(f"query:\n  cross_encoder_model: {model}\n")
+    capsys.readouterr()
+    assert main(["search", "--store", str(tiny.store), "--group", "g1", "--query", text,
+                 "--recipe", "combined_cross_encoder", "--cross-encoder", "bge",
+                 "--config", str(config), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["facts"] == result.to_dict()["facts"]

@@ -68,8 +68,8 @@ def test_exact_scan_in_memory_ranks_as_lancedb_does(tmp_path):
             text = tables["facts"]["fact"][i * 11].as_py()
             vector = embedder.embed([text])[0]
             exact = search.exact_cosine(snap, kind, vector, scope, 15, config)
-            indexed = search.gather([search.cosine(snap.kinds[kind], vector, scope, 15,
-                                                   config)])[0]
+            indexed = search.start([search.cosine(snap.kinds[kind], vector, scope, 15,
+                                                  config)]).result()[0]
             assert [r for r, _ in exact] == [r for r, _ in indexed], (kind, i)
             assert max((abs(a - b) for (_, a), (_, b) in zip(exact, indexed, strict=True)),
                        default=0) < 1e-4

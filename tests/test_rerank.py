@@ -98,14 +98,12 @@ def test_bi_encoder_second_pass_scores_by_cosine():
     assert scores.tolist() == [1.0, 0.0, 1.0]
 
 
-def test_bge_reranker_needs_the_gpu_extra():
-    try:
-        import FlagEmbedding  # noqa: F401
-    except ImportError:
-        with pytest.raises(RuntimeError, match="gpu"):
-            rerank.BGEReranker()
-    else:
-        pytest.skip("FlagEmbedding is installed: the class loads real weights")
+def test_a_missing_bge_model_is_named_in_the_error():
+    """No weights are downloaded: a model neither in a folder nor in the local cache is a
+    clear error that names it and says how to provide it."""
+    with pytest.raises(ValueError, match=r"'BAAI/bge-reranker-v2-m3' is not available "
+                                           r"offline.*query\.cross_encoder_model"):
+        rerank.BGEReranker("BAAI/bge-reranker-v2-m3")
 
 
 def test_recipes_are_frozen_data():
@@ -118,14 +116,17 @@ def test_recipes_are_frozen_data():
         get_recipe("nope")
     with pytest.raises(ValueError):
         Part(("cosine", "grep"))
+    with pytest.raises(ValueError, match="unknown method or reranker"):
+        Part(("cosine",), "by_mood")
+    assert {p.reranker for r in RECIPES.values() for p in (
+        r.facts, r.entities, r.communities, r.episodes) if p} <= set(rerank.RERANKERS)
     assert {"facts_hybrid_rrf", "facts_hybrid_mmr", "facts_node_distance",
             "entities_hybrid_rrf", "combined_hybrid_rrf", "combined_cross_encoder"} <= set(RECIPES)
 
 
-def test_bge_reranker_scores_pairs_with_a_tiny_random_model(tmp_path):
-    """The FlagEmbedding path, on a randomly initialised 2-layer XLM-R classifier (no
-    weights are downloaded): one finite score per passage, deterministic."""
-    pytest.importorskip("FlagEmbedding")
+def tiny_bge_model(folder) -> str:
+    """A randomly initialised 2-layer XLM-R classifier (seeded, weights spread wide enough
+    to rank) with MiniLM's tokenizer, saved where FlagEmbedding loads it: no download."""
     import torch
     from tkg.pipeline.embed import model_path
     from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaForSequenceClassification
@@ -135,14 +136,19 @@ def test_bge_reranker_scores_pairs_with_a_tiny_random_model(tmp_path):
     config = XLMRobertaConfig(vocab_size=tokenizer.vocab_size, hidden_size=32,
                               num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                               max_position_embeddings=160, pad_token_id=tokenizer.pad_token_id,
-                              num_labels=1)
-    XLMRobertaForSequenceClassification(config).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    encoder = rerank.BGEReranker(str(tmp_path), use_fp16=False)
-    passages = ["Maria Lopez works at Globex.", "Tom attends Riverside Elementary.", "x"]
-    scores = encoder.score("Where does Maria work?", passages)
-    assert scores.shape == (3,) and np.isfinite(scores).all()
-    assert np.allclose(scores, encoder.score("Where does Maria work?", passages))
-    ranked = rerank.cross_encoder("Where does Maria work?", ["a", "b", "c"], passages, encoder)
-    assert sorted(k for k, _ in ranked) == ["a", "b", "c"]
+                              num_labels=1, initializer_range=0.5)
+    XLMRobertaForSequenceClassification(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_bge_reranker_ranks_pairs_by_pinned_scores(tmp_path):
+    """FlagEmbedding's reranker path end to end on the tiny seeded model: pinned scores,
+    and the candidates come back in score order, not input order."""
+    encoder = rerank.BGEReranker(tiny_bge_model(tmp_path), use_fp16=False)
+    passages = ["x", "Tom attends Riverside Elementary.", "Maria Lopez works at Globex."]
+    ranked = rerank.cross_encoder("Where does Maria work?", ["x", "tom", "maria"], passages,
+                                  encoder)
+    assert [k for k, _ in ranked] == ["maria", "tom", "x"]
+    assert [s for _, s in ranked] == pytest.approx([0.3079, 0.2024, 0.0259], abs=1e-3)
     assert encoder.score("q", []).shape == (0,)

@@ -386,3 +386,24 @@ def test_retrieval_processes_answer_count_and_switch(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_the_server_ranks_with_the_configured_bge_reranker(tmp_path):
+    """`query.cross_encoder: bge` reaches the server: the model is loaded at start and
+    ranks a `cross_encoder` recipe's request."""
+    from tkg.query.rerank import BGEReranker
+
+    from tests.test_rerank import tiny_bge_model
+
+    tables, _ = synth_tables(1_500, 32, 2, seed=5)
+    write_store(tmp_path / "store", tables, 32, QueryConfig(), seed=5)
+    query = QueryConfig(cross_encoder="bge", cross_encoder_model=tiny_bge_model(tmp_path / "m"))
+    app = create_app(tmp_path / "store", None, ServeConfig(), watch=False, query=query)
+    assert isinstance(app.state.service.retriever.cross_encoder, BGEReranker)
+    body = {"query": tables["facts"]["fact"][3].as_py(), "group_ids": ["g000"],
+            "recipe": "combined_cross_encoder"}
+    with TestClient(app) as client:
+        found = client.post("/search", json=body)
+    assert found.status_code == 200
+    scores = [f["score"] for f in found.json()["facts"]]
+    assert scores and scores == sorted(scores, reverse=True)

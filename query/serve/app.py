@@ -48,7 +48,7 @@ def open_service(store_dir: str | Path, keys_file: str | Path | None, limits: Se
     else:
         retriever = Retriever(store_dir, config=query, cross_encoder=cross_encoder)
         snapshots = retriever.snapshots
-        _ = retriever.embedder  # load the query model now, not in the first request
+        retriever.load_models()
     metrics.serving(snapshots.get().run_id, 0)
     return Service(limits=limits, keys=api_keys.load(keys_file) if keys_file else None,
                    snapshots=snapshots, retriever=retriever,

@@ -36,7 +36,7 @@ def _start_process(store_dir: str, config: QueryConfig | None, poll_s: float) ->
 
     threading.Thread(target=orphaned, name="tkg-parent-watch", daemon=True).start()
     _PROCESS_RETRIEVER = Retriever(store_dir, config=config)
-    _ = _PROCESS_RETRIEVER.embedder  # load the query model now, not in the first request
+    _PROCESS_RETRIEVER.load_models()
     _PROCESS_RETRIEVER.snapshots.watch(poll_s)
 
 
