@@ -126,12 +126,13 @@ def test_cli_search_prints_the_json_object(corpus_build):
 
 def test_default_recipe_beats_the_flat_baseline(retriever):
     from tkg.query.eval import evaluate, load_questions
-    from tkg.query.recipes import BASELINE, DEFAULT
+    from tkg.query.recipes import BASELINE
 
     questions = load_questions(CORPUS.parent / "questions" / "corpus.jsonl")
     assert len(questions) >= 25
-    report = evaluate(retriever, questions, DEFAULT, k=10)
-    graph = report["recipes"][DEFAULT]["overall"]
+    default = retriever.recipe().name  # query.recipe
+    report = evaluate(retriever, questions, default, k=10)
+    graph = report["recipes"][default]["overall"]
     flat = report["recipes"][BASELINE]["overall"]
     assert graph["questions"] == flat["questions"] == len(questions)
     assert graph["recall"] > flat["recall"], (graph, flat)
