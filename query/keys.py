@@ -13,6 +13,7 @@ import hmac
 import json
 import os
 import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,18 @@ PREFIX = "tkg_"
 
 class KeysError(ValueError):
     """The keys file is missing or malformed; the message says how to fix it."""
+
+
+class Unauthorized(PermissionError):
+    """A request without a known key where keys are required."""
+
+
+class Forbidden(PermissionError):
+    """A request for groups its caller may not read."""
+
+
+class NoGroups(ValueError):
+    """A request that names no groups where nothing says which to read."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +80,37 @@ def lookup(keys: tuple[ApiKey, ...], presented: str | None) -> ApiKey | None:
         if hmac.compare_digest(key.sha256, wanted):
             found = key
     return found
+
+
+def presented(headers: Mapping[str, str]) -> str | None:
+    """The key a request carries: `Authorization: Bearer KEY`, else `X-API-Key: KEY`."""
+    header = headers.get("authorization") or ""
+    if header.lower().startswith("bearer "):
+        return header[7:].strip()
+    return headers.get("x-api-key")
+
+
+def caller_groups(keys: tuple[ApiKey, ...], headers: Mapping[str, str]) -> frozenset[str]:
+    """The groups the key in `headers` may read (Unauthorized without a known key)."""
+    key = lookup(keys, presented(headers))
+    if key is None:
+        raise Unauthorized("missing or unknown API key (Authorization: Bearer KEY)")
+    return key.groups
+
+
+def readable(asked: Sequence[str] | None, may_read: frozenset[str] | None) -> list[str]:
+    """The groups a request reads: those it names, or every group it may read when it names
+    none (`may_read` None: no restriction, so it must name them). Naming a group outside
+    `may_read` is refused with the same words whether or not that group has data anywhere,
+    so the refusal tells nothing about other tenants."""
+    if not asked:
+        if may_read is None:
+            raise NoGroups("give the group ids to read (group_id=G)")
+        return sorted(may_read)
+    if may_read is not None and not set(asked) <= may_read:
+        raise Forbidden(f"group(s) {sorted(set(asked) - may_read)} may not be read with this "
+                        "key or server")
+    return list(asked)
 
 
 def add(path: str | Path, name: str, groups: list[str]) -> str:

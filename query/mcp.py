@@ -1,0 +1,230 @@
+"""`tkg mcp`: the retriever as Model Context Protocol tools, for agents (official `mcp` SDK).
+
+Tools: `search_memory`, `get_context`, `get_fact_history`, `get_entity`, over the retriever
+and catalog that `tkg serve` answers from, with the same tenancy rule (`keys.readable`):
+
+- `--group G` pins the server: no call reads anything else.
+- `--keys FILE`: over HTTP every request carries a key (`Authorization: Bearer KEY` or
+  `X-API-Key`); over stdio the key is the server process's `TKG_API_KEY` (the client's
+  config sets it). A call reads the key's groups (within the pinned ones, if any).
+- Neither: each call names its groups, and HTTP binds loopback only.
+
+A call naming a group it may not read gets the same refusal whether or not that group has
+data, and a fact or entity outside the readable groups is "not found" like one that never
+existed. The transports are the SDK's: stdio (it points fd 1 at stderr while serving, so
+stray prints cannot corrupt the protocol) and streamable HTTP at `/mcp`.
+"""
+
+# (no `from __future__ import annotations`: the SDK reads the tools' annotations at run time,
+# and they name bounds local to create_server)
+import os
+import threading
+from collections.abc import Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+from tkg.pipeline.config import ServeConfig
+from tkg.query import catalog
+from tkg.query import keys as api_keys
+from tkg.query.api import Retriever
+from tkg.query.snapshot import QueryError
+
+KEY_ENV = "TKG_API_KEY"
+GroupId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
+ItemId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
+INSTRUCTIONS = (
+    "Long-term memory as a bi-temporal knowledge graph. search_memory finds facts, entities, "
+    "communities and source episodes for a question; get_context returns them as one text "
+    "block for a prompt. Facts carry valid_at/invalid_at (when true in the world); pass "
+    "as_of to ask about a past moment. get_fact_history lists every version of a fact, "
+    "get_entity one entity with its aliases. group_ids: the memory spaces to read (default: "
+    "all this connection may read).")
+
+
+@dataclass(frozen=True)
+class Access:
+    """Who may read what: the keys (None: no keys), the pinned groups (None: not pinned) and,
+    over stdio, the one key the process was started with."""
+
+    keys: tuple[api_keys.ApiKey, ...] | None = None
+    pinned: frozenset[str] | None = None
+    process_key: str | None = None
+
+    def may_read(self, headers: Mapping[str, str] | None) -> frozenset[str] | None:
+        """The groups a call may read (None: any it names)."""
+        groups = self.pinned
+        if self.keys is not None:
+            presented = {"x-api-key": self.process_key or ""} if headers is None else headers
+            key_groups = api_keys.caller_groups(self.keys, presented)
+            groups = key_groups if groups is None else groups & key_groups
+        return groups
+
+    def groups(self, headers: Mapping[str, str] | None, asked: list[str] | None) -> list[str]:
+        try:
+            return api_keys.readable(asked, self.may_read(headers))
+        except (PermissionError, ValueError) as exc:
+            raise ToolError(str(exc)) from None
+
+
+class Catalogs:
+    """The catalog of the snapshot the retriever is on (reopened when it moves)."""
+
+    def __init__(self, retriever: Retriever) -> None:
+        self.retriever = retriever
+        self._held: tuple[Path, catalog.Catalog] | None = None
+        self._lock = threading.Lock()
+
+    def current(self) -> catalog.Catalog:
+        path = self.retriever.snapshot().path
+        with self._lock:
+            if self._held is None or self._held[0] != path:
+                self._held = (path, catalog.Catalog(path))
+            return self._held[1]
+
+
+def create_server(store_dir: str | Path, access: Access, limits: ServeConfig | None = None,
+                  retriever: Retriever | None = None) -> MCPServer:
+    """The MCP server over `store_dir` (tools as in the module docstring)."""
+    from tkg import query
+
+    limits = limits or ServeConfig()
+    store_dir = Path(store_dir)
+    retriever = retriever or query.open(store_dir)
+    catalogs = Catalogs(retriever)
+
+    @asynccontextmanager
+    async def warm(_: MCPServer):
+        # the embedding model loads before the handshake is answered, not in the first
+        # search, whose time it would eat (a cold load took most of the 10 s bound on a
+        # busy 2-core machine)
+        await anyio.to_thread.run_sync(lambda: retriever.embedder)
+        yield {}
+
+    server = MCPServer("tkg", instructions=INSTRUCTIONS, lifespan=warm, log_level="WARNING")
+
+    async def run(fn: Any, *args: Any) -> Any:
+        """`fn` on a worker thread, bounded by the serve timeout."""
+        try:
+            with anyio.fail_after(limits.timeout_s):
+                return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        except TimeoutError:
+            raise ToolError(f"took over {limits.timeout_s:g} s; narrow it (fewer groups, "
+                            "lower limit) or retry") from None
+        except (QueryError, ValueError, catalog.NoCatalog) as exc:
+            raise ToolError(str(exc)) from None
+
+    Query = Annotated[str, Field(min_length=1, max_length=limits.max_query_chars,
+                                 description="the question or keywords")]
+    Groups = Annotated[list[GroupId] | None, Field(
+        max_length=limits.max_groups,
+        description="group ids to read; default: every group this connection may read")]
+    Moment = Annotated[str | None, Field(max_length=40, description=(
+        "ISO-8601; as_of: the world at that moment (valid time), known_at: what memory held "
+        "then (transaction time); default now"))]
+
+    @server.tool(description="Search memory: facts (with validity dates), entities, "
+                             "communities and source episodes for a query.")
+    async def search_memory(query: Query, ctx: Context, group_ids: Groups = None,
+                            limit: Annotated[int, Field(ge=1, le=limits.max_limit)] = 10,
+                            as_of: Moment = None, known_at: Moment = None) -> dict[str, Any]:
+        groups = access.groups(ctx.headers, group_ids)
+        found = await run(lambda: retriever.search(query, groups, limit=limit, as_of=as_of,
+                                                   known_at=known_at))
+        return found.to_dict()
+
+    @server.tool(description="The memory relevant to a query as one text block for a "
+                             "prompt: facts with date ranges, entities, cited episodes.")
+    async def get_context(query: Query, ctx: Context, group_ids: Groups = None,
+                          max_tokens: Annotated[int, Field(ge=50, le=limits.max_tokens)] = 2000,
+                          as_of: Moment = None) -> str:
+        groups = access.groups(ctx.headers, group_ids)
+        return await run(lambda: retriever.context(query, groups, max_tokens=max_tokens,
+                                                   as_of=as_of))
+
+    @server.tool(description="Every version of one fact (edge_id from search_memory) on "
+                             "both timelines: when it held, when memory learned and "
+                             "retracted it.")
+    async def get_fact_history(edge_id: ItemId, ctx: Context,
+                               group_ids: Groups = None) -> dict[str, Any]:
+        groups = access.groups(ctx.headers, group_ids)
+        versions = await run(lambda: catalog.history(catalogs.current(), edge_id, groups))
+        if not versions:
+            raise ToolError(f"no fact {edge_id} in group(s) {groups}")
+        return {"edge_id": edge_id, "versions": versions}
+
+    @server.tool(description="One entity (entity_id from search_memory) with its summary, "
+                             "labels, first/last seen and aliases.")
+    async def get_entity(entity_id: ItemId, ctx: Context,
+                         group_ids: Groups = None) -> dict[str, Any]:
+        groups = access.groups(ctx.headers, group_ids)
+        found = await run(lambda: catalog.entity(catalogs.current(), entity_id, groups))
+        if found is None:
+            raise ToolError(f"no entity {entity_id} in group(s) {groups}")
+        return found
+
+    return server
+
+
+class RequireKey:
+    """ASGI: over HTTP with keys, a request without a known key gets 401 before it reaches
+    the MCP session (the tools check the key again for its groups)."""
+
+    def __init__(self, app: Any, access: Access) -> None:
+        self.app, self.access = app, access
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and self.access.keys is not None:
+            from starlette.datastructures import Headers
+            from starlette.responses import JSONResponse
+
+            try:
+                api_keys.caller_groups(self.access.keys, Headers(scope=scope))
+            except api_keys.Unauthorized as exc:
+                await JSONResponse({"detail": str(exc)}, 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def startup_access(keys_file: str | None, pinned: list[str] | None, stdio: bool) -> Access:
+    """The access rule from the command line (and, over stdio, `TKG_API_KEY`); a key that
+    is missing or reads none of the pinned groups stops the server before it starts."""
+    keys = api_keys.load(keys_file) if keys_file else None
+    access = Access(keys, frozenset(pinned) if pinned else None,
+                    os.environ.get(KEY_ENV) if stdio else None)
+    if keys is not None and stdio:
+        try:
+            groups = access.may_read(None)
+        except api_keys.Unauthorized:
+            raise api_keys.KeysError(f"--keys over stdio needs the key in ${KEY_ENV} (set it "
+                                     "in the MCP client's env for this server)") from None
+        if not groups:
+            raise api_keys.KeysError(f"the key in ${KEY_ENV} reads none of the groups "
+                                     f"{sorted(pinned or [])}")
+    return access
+
+
+def serve_mcp(store_dir: str, transport: str = "stdio", host: str = "127.0.0.1",
+              port: int = 8765, keys_file: str | None = None,
+              groups: list[str] | None = None, limits: ServeConfig | None = None) -> None:
+    """Serve until the client disconnects (stdio) or until interrupted (HTTP)."""
+    import sys
+
+    access = startup_access(keys_file, groups, stdio=transport == "stdio")
+    if transport == "stdio":
+        create_server(store_dir, access, limits).run("stdio")
+        return
+    import uvicorn
+    from tkg.query.serve import check_bind
+
+    check_bind(host, keys_file)
+    server = create_server(store_dir, access, limits)
+    app = RequireKey(server.streamable_http_app(host=host), access)
+    print(f"tkg mcp: {store_dir} on http://{host}:{port}/mcp (streamable HTTP)",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
