@@ -130,15 +130,7 @@ def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
 
     def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
         seconds["publish"] = round(done.seconds, 3)
-        summary = {
-            **manifest.get("summary", {}), "run_id": run_id, "snapshot": str(done.snapshot),
-            "previous_snapshot": previous.name, "communities": rows.num_rows,
-            "communities_extended": int(pc.sum(rows["placed"]).as_py() or 0)
-            if rows.num_rows else 0,
-            "llm_calls": 0, "llm_tokens": 0,
-            "drift": report["overall"], "drift_by_group": report["groups"],
-            "seconds": seconds, "seconds_total": round(sum(seconds.values()), 3),
-        }
+        summary = _summary(manifest, done, rows, report, seconds)
         return {
             **manifest, "run_id": run_id, "created_at": started_at.isoformat(),
             "config_hash": config.fingerprint(), "config": config.model_dump(),
@@ -149,6 +141,20 @@ def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
     published = store.publish(store_dir, run_id, replaced, previous=previous, dim=dim,
                               query=config.query, describe=describe, kept=kept)
     return published["summary"]
+
+
+def _summary(manifest: dict[str, Any], done: store.Published, rows: pa.Table,
+             report: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
+    """The previous snapshot's summary with the refreshed communities and their drift."""
+    return {
+        **manifest.get("summary", {}), "run_id": done.snapshot.name,
+        "snapshot": str(done.snapshot), "previous_snapshot": manifest["run_id"],
+        "communities": rows.num_rows,
+        "communities_extended": int(pc.sum(rows["placed"]).as_py() or 0) if rows.num_rows else 0,
+        "llm_calls": 0, "llm_tokens": 0,
+        "drift": report["overall"], "drift_by_group": report["groups"],
+        "seconds": seconds, "seconds_total": round(sum(seconds.values()), 3),
+    }
 
 
 def _writer(table: pa.Table, table_schema: pa.Schema) -> store.TableWriter:
