@@ -8,11 +8,13 @@ from typing import Any
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
+    from tkg.jobs.query_commands import configured_query
     from tkg.pipeline.config import load_config
     from tkg.query.mcp import serve_mcp
 
     serve_mcp(args.store, transport=args.transport, host=args.host, port=args.port,
-              keys_file=args.keys, groups=args.group, limits=load_config(args.config).serve)
+              keys_file=args.keys, groups=args.group, limits=load_config(args.config).serve,
+              query=configured_query(args.config))
     return 0
 
 
@@ -31,5 +33,6 @@ def add_command(commands: Any) -> None:
     mcp.add_argument("--host", default="127.0.0.1",
                      help="HTTP bind address; other than loopback only with --keys")
     mcp.add_argument("--port", type=int, default=8765, help="HTTP port")
-    mcp.add_argument("--config", default=None, help="YAML config (its `serve` bounds)")
+    mcp.add_argument("--config", default=None,
+                     help="YAML config (its `serve` bounds and `query` section)")
     mcp.set_defaults(fn=cmd_mcp)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING, Any
 
 from tkg.query.rerank import CROSS_ENCODERS
@@ -68,11 +69,17 @@ def _search_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from tkg.query.api import KINDS
+
     result = _open(args).search(args.query, args.group, **_search_kwargs(args))
+    for warning in result.warnings:
+        print(f"tkg search: warning: {warning}", file=sys.stderr)
+    found = result.to_dict()
     if args.json:
-        print(json.dumps(result.to_dict(), ensure_ascii=False))
+        print(json.dumps(found, ensure_ascii=False))
         return 0
-    for kind, hits in result.to_dict().items():
+    for kind in KINDS:
+        hits = found[kind]
         print(f"{kind}:")
         for hit in hits:
             text = hit.get("fact") or hit.get("name") or hit.get("content") or ""

@@ -98,12 +98,15 @@ class SearchResult:
     communities: list[CommunityHit] = field(default_factory=list)
     episodes: list[EpisodeHit] = field(default_factory=list)
     run_id: str | None = None  # the snapshot that answered (not part of the JSON object)
+    warnings: list[str] = field(default_factory=list)  # e.g. a group with no data
 
-    def to_dict(self) -> dict[str, list[dict[str, Any]]]:
+    def to_dict(self) -> dict[str, list[Any]]:
         """Exactly the JSON object of `tkg search --json`."""
         # (vars, not dataclasses.asdict: hits hold only scalars and lists of strings, and
         # asdict's deep copy was a twentieth of a served request's CPU)
-        return {kind: [dict(vars(hit)) for hit in getattr(self, kind)] for kind in KINDS}
+        found: dict[str, list[Any]] = {kind: [dict(vars(hit)) for hit in getattr(self, kind)]
+                                       for kind in KINDS}
+        return {**found, "warnings": list(self.warnings)}
 
 
 _EMBEDDERS: dict[str, Any] = {}
@@ -205,8 +208,13 @@ class Retriever:
         if not 1 <= limit <= MAX_RESULTS:
             raise QueryError(f"limit must be within 1..{MAX_RESULTS}, got {limit}")
         scope = make_scope(group_ids, as_of, known_at, filters)
-        return OneSearch(self, snap, recipe, scope, text, limit, center, origins,
-                         conversation_id).result()
+        result = OneSearch(self, snap, recipe, scope, text, limit, center, origins,
+                           conversation_id).result()
+        # Only groups the caller may read get here (servers refuse the rest first, with one
+        # answer whether or not they exist), so this tells nothing about other tenants.
+        result.warnings = [f"group {g!r} has no data in snapshot {snap.run_id}"
+                           for g in scope.groups if g not in snap.groups]
+        return result
 
     def context(self, text: str, group_ids: Sequence[str] | str, *,
                 max_tokens: int | None = None, **search: Any) -> str:

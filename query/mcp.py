@@ -29,7 +29,7 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
-from tkg.pipeline.config import ServeConfig
+from tkg.pipeline.config import QueryConfig, ServeConfig
 from tkg.query import catalog
 from tkg.query import keys as api_keys
 from tkg.query.api import Retriever
@@ -89,21 +89,18 @@ class Catalogs:
 
 
 def create_server(store_dir: str | Path, access: Access, limits: ServeConfig | None = None,
-                  retriever: Retriever | None = None) -> MCPServer:
-    """The MCP server over `store_dir` (tools as in the module docstring)."""
-    from tkg import query
-
+                  query: QueryConfig | None = None) -> MCPServer:
+    """The MCP server over `store_dir` (tools as in the module docstring); `query` overrides
+    the snapshot's own query section, as in `tkg serve`."""
     limits = limits or ServeConfig()
-    store_dir = Path(store_dir)
-    retriever = retriever or query.open(store_dir)
+    retriever = Retriever(store_dir, config=query)
     catalogs = Catalogs(retriever)
 
     @asynccontextmanager
     async def warm(_: MCPServer):
-        # the embedding model loads before the handshake is answered, not in the first
-        # search, whose time it would eat (a cold load took most of the 10 s bound on a
-        # busy 2-core machine)
-        await anyio.to_thread.run_sync(lambda: retriever.embedder)
+        # the models load before the handshake is answered, not in the first search, whose
+        # time they would eat (a cold load took most of the 10 s bound on a busy machine)
+        await anyio.to_thread.run_sync(retriever.load_models)
         yield {}
 
     server = MCPServer("tkg", instructions=INSTRUCTIONS, lifespan=warm, log_level="WARNING")
@@ -211,19 +208,20 @@ def startup_access(keys_file: str | None, pinned: list[str] | None, stdio: bool)
 
 def serve_mcp(store_dir: str, transport: str = "stdio", host: str = "127.0.0.1",
               port: int = 8765, keys_file: str | None = None,
-              groups: list[str] | None = None, limits: ServeConfig | None = None) -> None:
+              groups: list[str] | None = None, limits: ServeConfig | None = None,
+              query: QueryConfig | None = None) -> None:
     """Serve until the client disconnects (stdio) or until interrupted (HTTP)."""
     import sys
 
     access = startup_access(keys_file, groups, stdio=transport == "stdio")
     if transport == "stdio":
-        create_server(store_dir, access, limits).run("stdio")
+        create_server(store_dir, access, limits, query).run("stdio")
         return
     import uvicorn
     from tkg.query.serve import check_bind
 
     check_bind(host, keys_file)
-    server = create_server(store_dir, access, limits)
+    server = create_server(store_dir, access, limits, query)
     app = RequireKey(server.streamable_http_app(host=host), access)
     print(f"tkg mcp: {store_dir} on http://{host}:{port}/mcp (streamable HTTP)",
           file=sys.stderr, flush=True)

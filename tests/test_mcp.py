@@ -30,7 +30,8 @@ TKG = [sys.executable, "-m", "tkg.jobs.cli", "mcp"]
 def setup(corpus_build, tmp_path_factory) -> dict[str, Any]:
     keys_file = tmp_path_factory.mktemp("mcp") / "keys.json"
     keys = {"acme": api_keys.add(keys_file, "acme-agent", ["acme"]),
-            "household": api_keys.add(keys_file, "home-agent", ["household"]),
+            # (and a group with no data yet: its searches say so)
+            "household": api_keys.add(keys_file, "home-agent", ["household", "ghost"]),
             "both": api_keys.add(keys_file, "admin", ["acme", "household"])}
     return {"store": corpus_build.snapshot.parent.parent, "keys_file": keys_file, "keys": keys}
 
@@ -81,6 +82,7 @@ def test_every_tool_answers_over_stdio(setup, corpus_db):
     listed, body, context, fact, entity, history, named = asyncio.run(session())
     assert listed == TOOLS
     assert body["facts"] and body["entities"] and body["episodes"]
+    assert len(body["warnings"]) == 1 and "'ghost'" in body["warnings"][0]
     assert groups_of(corpus_db, "facts", "edge_id",
                      [f["edge_id"] for f in body["facts"]]) == {"household"}
     assert not context.is_error and "Alice Walker" in text(context)

@@ -73,7 +73,7 @@ def test_known_at_returns_what_was_believed_then(tiny):
             if e.source_id == "m4"] == []
     before_anything = tiny.search("Ana Silva", "g1", known_at="2024-12-31")
     assert before_anything.to_dict() == {"facts": [], "entities": [], "communities": [],
-                                         "episodes": []}
+                                         "episodes": [], "warnings": []}
     now = facts(tiny.search("Where does Ana Silva live?", "g1", known_at=T2.isoformat(),
                             as_of="2024-02-01"))
     assert now["Ana Silva lives in Porto."].invalid_at == "2024-03-01T00:00:00+00:00"

@@ -79,7 +79,8 @@ def test_as_of_before_and_after_each_change(retriever, expected):
 def test_known_at_before_the_build_knew_nothing(retriever, corpus_build):
     created = json.loads((corpus_build.snapshot / "manifest.json").read_text())["created_at"]
     empty = retriever.search("Maria Lopez", ["acme"], known_at="2020-01-01")
-    assert empty.to_dict() == {"facts": [], "entities": [], "communities": [], "episodes": []}
+    assert empty.to_dict() == {"facts": [], "entities": [], "communities": [], "episodes": [],
+                               "warnings": []}
     assert retriever.search("Maria Lopez", ["acme"], known_at=created).facts
 
 

@@ -89,7 +89,8 @@ def test_search_and_context_never_cross_tenants(served, corpus_db, expected, ten
                                                  "limit": 10}, headers=auth(key))
         assert response.status_code == 200, response.text
         body = response.json()
-        assert set(body) == {"facts", "entities", "communities", "episodes"}
+        assert set(body) == {"facts", "entities", "communities", "episodes", "warnings"}
+        assert body["warnings"] == []
         assert result_groups(corpus_db, body) <= {tenant}, text
         seen_any |= bool(body["facts"])
         context = client.post("/context", json={"query": text, "group_ids": [tenant]},
@@ -187,7 +188,7 @@ def test_any_query_text_gets_results_or_a_4xx(served, text):
                                      headers=auth(served["keys"]["acme"]))
     assert response.status_code == 200 or 400 <= response.status_code < 500
     assert response.status_code != 200 or set(response.json()) == {
-        "facts", "entities", "communities", "episodes"}
+        "facts", "entities", "communities", "episodes", "warnings"}
 
 
 def test_a_slow_request_gets_503_not_a_hung_worker(served):

@@ -16,6 +16,7 @@ from tkg.pipeline.config import QueryConfig, ServeConfig
 from tkg.query import keys as api_keys
 from tkg.query.api import Retriever
 from tkg.query.catalog import Catalog
+from tkg.query.serve import docs
 from tkg.query.serve.metrics import BoundedAndMeasured, Metrics
 from tkg.query.serve.pool import Workers
 from tkg.query.serve.routes import Service, add_routes
@@ -74,11 +75,12 @@ def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
         service.snapshots.stop()
         service.workers.stop()
 
-    app = FastAPI(title="tkg", version="1", lifespan=lifespan,
-                  description="Retrieval over a tkg store (search, context, fact history).")
+    app = FastAPI(title="tkg", version="1", lifespan=lifespan, description=docs.DESCRIPTION,
+                  docs_url=None, redoc_url=None)
     app.state.service = service
     app.add_middleware(BoundedAndMeasured, limits=limits, metrics=service.metrics)
     add_routes(app, limits)
+    docs.add_docs(app)
     return app
 
 

@@ -6,9 +6,10 @@ key, and the answers (every one names the snapshot it came from in `X-Tkg-Snapsh
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
 from fastapi import Path as PathParam
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.security import APIKeyHeader, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 from tkg.pipeline.config import GROUP_ID_PATTERN, ServeConfig
@@ -40,36 +41,43 @@ class Service:
         keys and none named, every group its key may read."""
         if groups and len(groups) > self.limits.max_groups:
             raise HTTPException(422, f"at most {self.limits.max_groups} group ids")
-        if not groups:
-            if may_read is None:
-                raise HTTPException(400, "give the group ids to read (group_id=G)")
-            return sorted(may_read)
-        if may_read is not None and not set(groups) <= may_read:
-            raise HTTPException(403, "this key may not read group(s) "
-                                     f"{sorted(set(groups) - may_read)}")
-        return groups
+        try:
+            return api_keys.readable(groups, may_read)
+        except api_keys.NoGroups as exc:
+            raise HTTPException(400, str(exc)) from None
+        except api_keys.Forbidden as exc:
+            raise HTTPException(403, str(exc)) from None
 
 
 def service(request: Request) -> Service:
     return request.app.state.service
 
 
-def caller_groups(request: Request) -> frozenset[str] | None:
+# The two ways to send a key, declared for the OpenAPI document (and the Authorize button of
+# /docs); `keys.caller_groups` reads whichever the request carries.
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
+                    description="Authorization: Bearer tkg_... (servers started with --keys)")
+API_KEY = APIKeyHeader(name="X-API-Key", auto_error=False, scheme_name="apiKey",
+                       description="X-API-Key: tkg_..., the same key as the bearer token")
+
+
+def caller_groups(request: Request, _bearer: Annotated[Any, Security(BEARER)] = None,
+                  _header: Annotated[Any, Security(API_KEY)] = None) -> frozenset[str] | None:
     """The groups the caller's key may read; None when the server runs without keys."""
     keys = service(request).keys
     if keys is None:
         return None
-    header = request.headers.get("authorization", "")
-    presented = header[7:].strip() if header.lower().startswith("bearer ") else (
-        request.headers.get("x-api-key"))
-    key = api_keys.lookup(keys, presented)
-    if key is None:
-        raise HTTPException(401, "missing or unknown API key (Authorization: Bearer KEY)")
-    return key.groups
+    try:
+        return api_keys.caller_groups(keys, request.headers)
+    except api_keys.Unauthorized as exc:
+        raise HTTPException(401, str(exc), headers={"WWW-Authenticate": "Bearer"}) from None
 
 
 Caller = Annotated[frozenset[str] | None, Depends(caller_groups)]
-GroupsParam = Annotated[list[str] | None, Query()]  # at most serve.max_groups (`allowed`)
+GroupsParam = Annotated[list[str] | None, Query(  # at most serve.max_groups (`allowed`)
+    description="a group to read, repeatable (`?group_id=a&group_id=b`). With an API key "
+                "and none given: every group the key may read; without keys: required.",
+    examples=[["acme"]])]
 
 
 def request_models(limits: ServeConfig) -> tuple[type[BaseModel], type[BaseModel]]:
