@@ -195,9 +195,10 @@ def parser() -> argparse.ArgumentParser:
     bench_build.add_argument("--json", action="store_true")
     bench_build.set_defaults(fn=cmd_bench_build)
 
-    from tkg.jobs import bench_resolution
+    from tkg.jobs import bench_locomo, bench_resolution
 
     bench_resolution.add_command(benches)
+    bench_locomo.add_command(benches)
 
     from tkg.jobs.query_commands import add_query_commands
 

@@ -13,6 +13,7 @@ invalidate. Relation phrases outside the synonym lists join a class by meaning
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from itertools import pairwise
@@ -153,7 +154,9 @@ def merge_facts(rows: pa.Table, created_at: datetime) -> pa.Table:
 def merge_edge(occurrences: list[dict], created_at: datetime) -> dict:
     """All occurrences of one edge -> its first version, provenance merged. An edge is valid
     from its earliest dated occurrence; an end date stated anywhere ends it. Its text is
-    the most detailed wording."""
+    the wording that says the relation itself ("lives in Paris" over "moved to Paris last
+    summer" for LIVES_IN: what a question about the state matches), then the most
+    detailed."""
     first = occurrences[0]
     valid = [o["valid_at"] for o in occurrences if o["valid_at"] is not None]
     invalid = [o["invalid_at"] for o in occurrences if o["invalid_at"] is not None]
@@ -161,7 +164,8 @@ def merge_edge(occurrences: list[dict], created_at: datetime) -> dict:
         **{k: first[k] for k in ("edge_id", "group_id", "source_entity_id", "target_entity_id",
                                  "relation")},
         "version": 1,
-        "fact": min((o["fact"] for o in occurrences), key=lambda f: (-len(f), f)),
+        "fact": min((o["fact"] for o in occurrences),
+                    key=lambda f: (not _says(f, first["relation"]), -len(f), f)),
         "episode_ids": sorted({o["episode_id"] for o in occurrences}),
         "valid_at": min(valid) if valid else None,
         "invalid_at": min(invalid) if invalid else None,
@@ -169,6 +173,13 @@ def merge_edge(occurrences: list[dict], created_at: datetime) -> dict:
         "expired_at": None,
         "invalidated_by": None,
     }
+
+
+def _says(text: str, relation: str) -> bool:
+    """Whether `text` uses the relation's own verb (LIVES_IN: live, lives, lived)."""
+    verb = relation.split("_")[0].lower()
+    stem = verb[:-1] if verb.endswith("s") and len(verb) > 3 else verb
+    return bool(stem) and re.search(rf"\b{re.escape(stem)}", text.lower()) is not None
 
 
 def invalidate(edges: pa.Table, config: FactsConfig) -> pa.Table:

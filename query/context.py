@@ -28,9 +28,13 @@ def tokens(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
+UNKNOWN_END = "unknown"
+
+
 def date_range(valid_at: str | None, invalid_at: str | None) -> str:
     start = _day(valid_at) if valid_at else "unknown"
-    end = _day(invalid_at) if invalid_at else "present"
+    end = "present" if not invalid_at else invalid_at if invalid_at == UNKNOWN_END else _day(
+        invalid_at)
     return f"{start} - {end}"
 
 
@@ -43,14 +47,31 @@ def _day(iso: str) -> str:
     return iso
 
 
+def _open_end(fact: Any, facts: list[Any]) -> str | None:
+    """The end a fact shows: its `invalid_at`, else "present" unless the same subject's
+    same relation took a later value in these facts (an undated or unclassed fact the rules
+    could not end): then the end is not known."""
+    if fact.invalid_at is not None or fact.valid_at is None:
+        return fact.invalid_at
+    later = any(o.source == fact.source and o.relation == fact.relation and o.target !=
+                fact.target and o.valid_at is not None and o.valid_at > fact.valid_at
+                for o in facts)
+    return UNKNOWN_END if later else None
+
+
 def _sections(result: Any) -> list[tuple[str, str, list[str]]]:
-    facts = [f"  - {f.fact} (Date range: {date_range(f.valid_at, f.invalid_at)})"
-             for f in result.facts]
+    # one sentence once: two facts cut from one clause share their text, the first
+    # (best ranked) keeps it; so do re-delivered episodes
+    shown = {f.fact: f for f in reversed(result.facts)}
+    facts = [f"  - {f.fact} (Date range: {date_range(f.valid_at, _open_end(f, result.facts))})"
+             for f in result.facts if shown.get(f.fact) is f]
     entities = [f"  - {e.name}: {e.summary or ''}".rstrip(": ") for e in result.entities]
     communities = [f"  - {c.name or c.community_id}: {c.summary or ''}".rstrip(": ")
                    for c in result.communities]
+    texts = {" ".join(e.content.split()): e for e in reversed(result.episodes)}
     episodes = [f"  - [{e.source_id}, {_day(e.valid_at) if e.valid_at else 'undated'}] "
-                f"{' '.join(e.content.split())}" for e in result.episodes]
+                f"{' '.join(e.content.split())}" for e in result.episodes
+                if texts[" ".join(e.content.split())] is e]
     # the same line twice (one fact stated in two sources) costs tokens and says nothing new
     return [("FACTS", FACTS_INTRO, list(dict.fromkeys(facts))),
             ("ENTITIES", ENTITIES_INTRO, list(dict.fromkeys(entities))),

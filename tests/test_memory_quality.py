@@ -152,3 +152,121 @@ def test_greetings_and_vocatives_are_not_entities(extractor):
                            day(1), speaker="Alice Chen")
     (extraction,) = extractor.extract([episode])
     assert [e.name for e in extraction.entities] == ["Alice Chen"]
+
+
+# --- on the sample corpus (the session's corpus build) ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus_retriever(corpus_build):
+    from tkg import query
+
+    return query.open(corpus_build.snapshot.parent.parent)
+
+
+def _entity(con, group: str, name: str) -> str:
+    (entity_id,) = con.execute("SELECT entity_id FROM entities WHERE group_id = ? AND name = ?",
+                               [group, name]).fetchone()
+    return entity_id
+
+
+def test_corpus_endings_end_the_right_fact(corpus_db, expected):
+    for ending in expected["endings"]:
+        group = ending["group_id"]
+        rows = corpus_db.execute(
+            "SELECT f.invalid_at, n.relation, n.episode_ids FROM facts_current f "
+            "JOIN facts_current n ON n.edge_id = f.invalidated_by "
+            "WHERE f.group_id = ? AND f.source_entity_id = ? AND f.target_entity_id = ? "
+            "AND f.relation = ?", [group, _entity(corpus_db, group, ending["subject"]),
+                                   _entity(corpus_db, group, ending["object"]),
+                                   ending["relation"]]).fetchall()
+        assert len(rows) == 1, ending
+        (invalid_at, relation, episodes), = rows
+        assert invalid_at.date().isoformat() == ending["invalid_at"]
+        assert relation == CONFIG.facts.ending.relation
+        (episode,) = corpus_db.execute("SELECT source_id FROM episodes WHERE episode_id = ?",
+                                       [episodes[0]]).fetchone()
+        assert episode == ending["ended_by"]
+
+
+def test_corpus_facts_carry_their_own_text(corpus_db, expected):
+    for case in expected["own_text"]:
+        group = case["group_id"]
+        texts = [t for (t,) in corpus_db.execute(
+            "SELECT fact FROM facts_current WHERE group_id = ? AND source_entity_id = ? "
+            "AND relation = ?", [group, _entity(corpus_db, group, case["subject"]),
+                                 case["relation"]]).fetchall()]
+        assert texts and not any(case["not_in_text"] in t for t in texts), (case, texts)
+
+
+def test_a_person_in_a_record_and_in_the_chat_is_one_entity(corpus_db, expected):
+    for case in expected["record_people"]:
+        group = case["group_id"]
+        entity = _entity(corpus_db, group, case["name"])
+        (labels,) = corpus_db.execute("SELECT labels FROM entities WHERE entity_id = ?",
+                                      [entity]).fetchone()
+        assert list(labels) == ["Person"]
+        sources = {s for (s,) in corpus_db.execute(
+            "SELECT e.source_id FROM mentions m JOIN episodes e USING (episode_id) "
+            "WHERE m.entity_id = ?", [entity]).fetchall()}
+        assert {case["record"], *case["messages"]} <= sources
+        assert not corpus_db.execute(
+            "SELECT count(*) FROM entities WHERE group_id = ? AND name LIKE 'Employee %'",
+            [group]).fetchone()[0]
+
+
+def test_greetings_are_not_corpus_entities(corpus_db, expected):
+    for group, names in expected["not_entities"].items():
+        found = corpus_db.execute(
+            f"SELECT name FROM entities WHERE group_id = ? AND name IN "
+            f"({', '.join('?' * len(names))})", [group, *names]).fetchall()
+        assert not found
+
+
+def test_the_readme_query_puts_paris_first(corpus_retriever):
+    result = corpus_retriever.search("Where does Daniel Okafor live?", ["acme"])
+    assert "Paris" in result.facts[0].fact, [f.fact for f in result.facts]
+    current = [f for f in result.facts if f.invalid_at is None]
+    assert current and not any("Berlin" in f.fact for f in current)
+
+
+AS_OF = [datetime(2024, month, 15, tzinfo=UTC) for month in (2, 4, 6, 8, 10)]
+QUESTIONS = ["Where does Daniel Okafor live?", "Where does Marcus Bell work?",
+             "What is Marcus Bell's title?", "Where does Maria Lopez work?",
+             "Which school does Tom attend?", "Where does Helen Walker live?"]
+
+
+def _moment(text: str | None) -> datetime | None:
+    return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@pytest.mark.parametrize("as_of", AS_OF, ids=lambda t: t.date().isoformat())
+def test_answers_at_a_time_are_about_that_time(corpus_retriever, as_of):
+    """Every fact shown at T holds at T, no summary written later is shown, no line says
+    "present" for a fact a later value of its relation replaced, no sentence twice."""
+    from tkg.query.context import build_context
+
+    for question in QUESTIONS:
+        for group in ("acme", "household"):
+            result = corpus_retriever.search(question, [group], as_of=as_of, limit=20)
+            for fact in result.facts:
+                start, end = _moment(fact.valid_at), _moment(fact.invalid_at)
+                assert start is None or start <= as_of, (question, fact.fact)
+                assert end is None or end > as_of, (question, fact.fact)
+            assert all(e.summary is None for e in result.entities)
+            assert all(c.summary is None for c in result.communities)
+            context = build_context(result, 4000)
+            lines = [line for line in context.splitlines() if line.startswith("  - ")]
+            assert len(lines) == len(set(lines))
+            for fact in result.facts:
+                later = [o for o in result.facts if o.source == fact.source
+                         and o.relation == fact.relation and o.target != fact.target
+                         and o.valid_at and fact.valid_at and o.valid_at > fact.valid_at]
+                if later:
+                    assert not [line for line in lines if line.startswith(f"  - {fact.fact} (")
+                                and line.endswith("- present)")], (question, fact.fact)
+
+
+def test_answers_now_keep_summaries(corpus_retriever):
+    result = corpus_retriever.search("Daniel Okafor", ["acme"])
+    assert any(e.summary for e in result.entities)

@@ -7,7 +7,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from datetime import date, timedelta
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -53,27 +56,107 @@ def test_known_facts_are_in_the_top_5(retriever, corpus_db, expected):
     assert len(checked) >= 9, checked
 
 
+def _moment(text: str | None) -> datetime | None:
+    """A hit's ISO time as an aware datetime (compared as instants, never as strings)."""
+    return None if text is None else datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _day(text: str) -> datetime:
+    return datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
 def test_as_of_before_and_after_each_change(retriever, expected):
     changes = [c for c in expected["changes"] if c.get("assert_invalidation")]
-    assert len(changes) == 5
+    assert len(changes) == 7
     for change in changes:
         group, subject = change["group_id"], change["subject"]
         query = f"{subject} {_words(change['relation_hint'])}"
-        ended = change["old_invalid_at"]
-        before = (date.fromisoformat(ended) - timedelta(days=1)).isoformat()
+        before = _day(change["old_invalid_at"]) - timedelta(days=1)
         old = retriever.search(query, [group], limit=5, as_of=before)
-        closed = [f for f in old.facts if _about(f, subject, change["old"])]
-        assert closed, (query, before, [f.fact for f in old.facts])
-        assert any((f.invalid_at or "").startswith(ended) for f in closed)
+        closed = [f for f in old.facts if _about(f, subject, change["old"])
+                  and f.invalid_at is not None
+                  and _moment(f.invalid_at).date().isoformat() == change["old_invalid_at"]]
+        assert closed, (query, before, [(f.fact, f.invalid_at) for f in old.facts])
         assert not any(_about(f, subject, change["new"]) for f in old.facts)
+        asked = datetime.now(UTC)
         now = retriever.search(query, [group], limit=5)
         assert any(_about(f, subject, change["new"]) for f in now.facts), (
             query, [f.fact for f in now.facts])
-        # the invalidated version is gone once the change happened
-        assert not any((f.invalid_at or "9").startswith(ended) for f in now.facts)
+        # nothing that ended before the question was asked
+        assert all(f.invalid_at is None or _moment(f.invalid_at) > asked for f in now.facts)
+        ended = _moment(closed[0].invalid_at)  # the exact instant the old fact stopped
         after = retriever.search(query, [group], limit=10, as_of=ended)
-        assert all(f.invalid_at is None or f.invalid_at > ended for f in after.facts)
-        assert all(f.valid_at is None or f.valid_at[:10] <= ended for f in after.facts)
+        assert closed[0].edge_id not in {f.edge_id for f in after.facts}
+        assert all(f.invalid_at is None or _moment(f.invalid_at) > ended for f in after.facts)
+        assert all(f.valid_at is None or _moment(f.valid_at) <= ended for f in after.facts)
+
+
+def _successions(corpus_db) -> list[tuple]:
+    """(group, subject, old object, new object, old edge, new edge, instant) of every fact
+    its successor closed at the very instant the successor began."""
+    rows = corpus_db.execute("""
+        SELECT o.group_id, s.name, a.name, b.name, o.edge_id, n.edge_id, o.invalid_at
+        FROM facts_current o JOIN facts_current n ON n.edge_id = o.invalidated_by
+        JOIN entities s ON s.entity_id = o.source_entity_id
+        JOIN entities a ON a.entity_id = o.target_entity_id
+        JOIN entities b ON b.entity_id = n.target_entity_id
+        WHERE n.valid_at = o.invalid_at ORDER BY ALL""").fetchall()
+    return [(*row[:-1], row[-1].astimezone(UTC)) for row in rows]
+
+
+@pytest.fixture(scope="module")
+def successions(corpus_db, expected) -> list[tuple]:
+    rows = _successions(corpus_db)
+    found = {(g, s, t.date().isoformat()) for g, s, _, _, _, _, t in rows}
+    wanted = {(c["group_id"], "Ticket T-17" if c["subject"] == "T-17" else c["subject"],
+               c["old_invalid_at"]) for c in expected["changes"]
+              if c.get("assert_invalidation") and c["old_invalid_at"] == c["new_valid_from"]}
+    assert len(wanted) == 6 and wanted <= found, (wanted, found)
+    return rows
+
+
+def _edges_at(retriever, group: str, query: str, as_of: datetime) -> set[str]:
+    return {f.edge_id for f in retriever.search(query, [group], limit=50, as_of=as_of).facts}
+
+
+def test_a_fact_is_gone_at_the_instant_it_ends(retriever, corpus_db, successions):
+    """Valid time is half-open: at `as_of` == `invalid_at` the old fact no longer holds and
+    its successor does; one microsecond earlier it is the other way round. Asked of the
+    catalog macro and of the Python API with real datetimes."""
+    tick = timedelta(microseconds=1)
+    for group, subject, old_object, new_object, old, new, instant in successions:
+        for moment, holds, not_yet in ((instant, new, old), (instant - tick, old, new)):
+            macro = {e for (e,) in corpus_db.execute(
+                "SELECT edge_id FROM facts_as_of(?) WHERE group_id = ?", [moment, group]
+            ).fetchall()}
+            assert holds in macro and not_yet not in macro, (subject, moment)
+            api = _edges_at(retriever, group, f"{subject} {old_object} {new_object}", moment)
+            assert holds in api and not_yet not in api, (subject, moment, api)
+
+
+def _cli_search(store_dir, group: str, query: str, *extra: str) -> dict:
+    """`tkg search --json` as a user runs it: a separate process, stdout parsed."""
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("tkg")), "search", "--store", str(store_dir),
+         "--group", group, "--query", query, "--limit", "50", "--json", *extra],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_cli_as_of_at_the_instant_a_fact_ends(corpus_build, successions):
+    store_dir = corpus_build.snapshot.parent.parent
+    group, subject, old_object, new_object, old, new, instant = next(
+        row for row in successions if row[1] == "Daniel Okafor")
+    query = f"{subject} {old_object} {new_object}"
+    for moment, holds, not_yet in ((instant, new, old),
+                                   (instant - timedelta(microseconds=1), old, new)):
+        stamp = moment.isoformat().replace("+00:00", "Z")
+        facts = _cli_search(store_dir, group, query, "--as-of", stamp)["facts"]
+        ids = {f["edge_id"] for f in facts}
+        assert holds in ids and not_yet not in ids, (stamp, ids)
+        assert all(_moment(f["invalid_at"]) is None or _moment(f["invalid_at"]) > moment
+                   for f in facts)
 
 
 def test_known_at_before_the_build_knew_nothing(retriever, corpus_build):
@@ -123,6 +206,32 @@ def test_cli_search_prints_the_json_object(corpus_build):
                      "--group", "household", "--query", "Where does Helen Walker live?",
                      "--max-tokens", "300"])
     assert code == 0 and "<FACTS>" in out.getvalue() and "Helen Walker" in out.getvalue()
+
+
+ID_OF = {"facts": "edge_id", "entities": "entity_id", "communities": "community_id",
+         "episodes": "episode_id"}
+
+
+@pytest.mark.parametrize("group,other", [("acme", "household"), ("household", "acme")])
+def test_cli_returns_nothing_of_another_group(corpus_build, corpus_db, retriever, expected,
+                                              group, other):
+    """Text naming only the other tenant's people and places, asked as `group` through the
+    CLI: every kind answers, and every row it returns belongs to `group`."""
+    names = expected["tenant_only_names"][other]
+    query = " ".join(names)
+    theirs = retriever.search(query, [other], limit=10).to_dict()
+    assert any(n in json.dumps(theirs) for n in names)  # the text does match the other group
+    result = _cli_search(corpus_build.snapshot.parent.parent, group, query)
+    for kind, key in ID_OF.items():
+        ids = [row[key] for row in result[kind]]
+        assert ids, kind  # nothing returned would prove nothing
+        groups = {g for (g,) in corpus_db.execute(
+            f"SELECT DISTINCT group_id FROM {kind} WHERE {key} IN "
+            f"({', '.join('?' * len(ids))})", ids).fetchall()}
+        assert groups == {group}, (kind, groups)
+    own = set(expected["tenant_only_names"][group])
+    leaked = [n for n in names if n not in own and n in json.dumps(result)]
+    assert not leaked, leaked
 
 
 def test_default_recipe_beats_the_flat_baseline(retriever):

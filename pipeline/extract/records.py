@@ -6,7 +6,9 @@ The mapping, shared by every extractor backend:
    (`crm.customers` -> `Customer`). Its key is the value of `id`, `<label>_id` or the first
    `*_id` field; its name is `"<Label> <key>"` (`Customer C-001`), or `"<Label> <record id>"`
    when it has no key. Every other record that holds `customer_id: C-001` points at the
-   same name, so records link by key without any text matching.
+   same name, so records link by key without any text matching. A record about one person
+   (an employee, a contact: PERSON_RECORDS) with a `name` is that person instead: entity
+   `Marcus Bell`, label Person, which the resolver meets in the group's messages by name.
 2. Each field becomes a fact from the record entity, with the key as the relation
    (SCREAMING_SNAKE_CASE, `_id` dropped) and the fact text `"<record>: <key> <value>"`:
    - id-like fields (`*_id`, `*Id`): the target is the referenced record, `"<Label> <value>"`;
@@ -40,6 +42,10 @@ KEY_LABELS = {
     "contact": "Person", "contact_name": "Person", "author": "Person", "manager": "Person",
     "full_name": "Person", "customer_name": "Organization", "email": "Email",
 }
+# Records about one person: named by the person (not "<Label> <key>"), so the resolver meets
+# the same person in the group's messages by name; the key stays in the attributes.
+PERSON_RECORDS = {"Contact", "Employee", "Person", "People", "User", "Staff", "Member",
+                  "Patient", "Student", "Candidate", "Author", "Teacher"}
 MAX_VALUE_WORDS = 6
 MAX_VALUE_CHARS = 80
 ID_KEY = re.compile(r"^(?:id|pk|key|(.+?)_?(?:id|Id|ID))$")
@@ -136,7 +142,8 @@ def _map_record(
                 else:
                     attributes.setdefault(key, []).append(item)
         elif _is_short_text(value) and (key.lower() in NAME_KEYS or not _looks_like_date(value)):
-            if key.lower() in ("name", "title", "full_name") and depth == 0:
+            if key.lower() in ("name", "title", "full_name") and depth == 0 and (
+                    label not in PERSON_RECORDS):
                 target_label = label
             else:
                 target_label = KEY_LABELS.get(key.lower(), label_of(key))
@@ -164,9 +171,21 @@ def extract_record(episode: EpisodeInput, max_depth: int = 3) -> Extraction:
     key = _record_key(data, label)
     name = f"{label} {data[key]}" if key else f"{label} {episode.source_id or episode.episode_id}"
     out = Extraction()
-    out.add_entity(name, label)
+    person = _person_name(data, label)
+    if person is not None:  # the record is the person: its fields are the person's facts
+        name, data = data[person].strip(), {k: v for k, v in data.items() if k != person}
+        out.add_entity(name, "Person")
+    else:
+        out.add_entity(name, label)
     _map_record(out, data, label, name, episode, 0, max_depth)
     return out
+
+
+def _person_name(data: dict, label: str) -> str | None:
+    """The key of a person record's name (`"name": "Marcus Bell"` on an employee), or None."""
+    if label not in PERSON_RECORDS:
+        return None
+    return next((k for k in ("full_name", "name") if _is_short_text(data.get(k))), None)
 
 
 def record_text(content: str, max_items: int = 48) -> str:

@@ -293,10 +293,15 @@ def own_text(verb: Token, subject: Token, target: Token) -> str:
 
 
 def _vocative(span: Span) -> bool:
-    """A name that only greets or thanks someone ("Hi Marcus", "Thanks Anna,")."""
-    first = span[0]
-    before = span.doc[first.i - 1] if first.i > 0 else None
-    return first.lower_ in GREETINGS or (before is not None and before.lower_ in GREETINGS)
+    """A name that only greets, thanks or addresses someone ("Hi Marcus", "Thanks Anna,",
+    "Well deserved, Marcus.")."""
+    first, doc = span[0], span.doc
+    before = doc[first.i - 1] if first.i > 0 else None
+    after = doc[span.end] if span.end < len(doc) else None
+    if first.lower_ in GREETINGS or (before is not None and before.lower_ in GREETINGS):
+        return True
+    return (all(t.pos_ == "PROPN" for t in span) and before is not None and before.text == ","
+            and (after is None or after.is_sent_end or after.text in ".!?"))
 
 
 def _prepositional(prep: Token) -> list[tuple[Token, tuple[str, ...]]]:
