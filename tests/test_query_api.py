@@ -207,14 +207,17 @@ def test_label_filter(tiny):
 
 def test_cross_encoder_order_is_pinned(tiny):
     """The default cross-encoder (the bi-encoder second pass) through a whole search: the
-    order and scores are pinned, so a reranker that keeps RRF's order fails."""
-    result = tiny.search("Where does Ana Silva work?", ["g1"], recipe="combined_cross_encoder")
+    order and scores are pinned, and differ from RRF's (so a reranker that keeps the fused
+    order fails)."""
+    fused = tiny.search("Porto", ["g1"], recipe="combined_hybrid_rrf")
+    result = tiny.search("Porto", ["g1"], recipe="combined_cross_encoder")
     assert [(f.fact, f.score) for f in result.facts] == [
-        ("Ana Silva works at Initech.", pytest.approx(0.8212, abs=1e-3)),
-        ("Ana Silva moved to Lisbon.", pytest.approx(0.7041, abs=1e-3)),
-        ("Bruno Costa works at Initech.", pytest.approx(0.3488, abs=1e-3))]
+        ("Ana Silva moved to Lisbon.", pytest.approx(0.4069, abs=1e-3)),
+        ("Bruno Costa works at Initech.", pytest.approx(0.3556, abs=1e-3)),
+        ("Ana Silva works at Initech.", pytest.approx(0.2339, abs=1e-3))]
     assert [e.name for e in result.entities] == [
-        "Ana Silva", "Bruno Costa", "Lisbon", "Porto", "Initech"]
+        "Porto", "Lisbon", "Bruno Costa", "Initech", "Ana Silva"]
+    assert [f.fact for f in fused.facts][0] == "Bruno Costa works at Initech."
 
 
 def test_the_configured_recipe_reaches_search_and_eval(tiny, tmp_path, capsys):
