@@ -67,6 +67,8 @@ class SnapshotHolder(Generic[S]):
         if stamp is not None and stamp == self._stamp and self._current is not None:
             return False
         with self._lock:
+            if self._current is not None and store.current_run(self.store) is None:
+                return False  # CURRENT gone (a store being removed): keep what is open
             path = store.current_snapshot(self.store)
             if self._current is not None and path.name == self._current.run_id:
                 self._stamp = stamp
