@@ -162,7 +162,66 @@ def cmd_bench_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
+def _register(module: str, commands: Any, benches: Any) -> None:
+    """Let one jobs module add its commands (and benches) to the parser."""
+    from importlib import import_module
+
+    imported = import_module(f"tkg.jobs.{module}")
+    if module == "query_commands":
+        imported.add_query_commands(commands, benches)
+    elif module in ("refresh_communities", "ops"):
+        imported.add_commands(commands, benches)
+    elif module.startswith("bench_"):
+        imported.add_command(benches)
+    else:
+        imported.add_command(commands)
+
+
+# Commands that other jobs modules register: a module is imported only when one of its
+# commands runs. Importing all of them to build the parser (igraph, Ray Data, duckdb, the
+# query stack) made `tkg --help` and every argument error take 2.7 s on an idle machine.
+# name -> (module, one-line help for `tkg --help`); tests check the table against the modules.
+COMMANDS = {
+    "search": ("query_commands", "search the current snapshot"),
+    "context": ("query_commands", "the context string for an agent"),
+    "eval": ("query_commands", "retrieval quality on labelled questions"),
+    "communities": ("refresh_communities", "community subgraph jobs"),
+    "docs": ("docs", "generated documentation"),
+    "report": ("report", "one-page HTML report of the current snapshot"),
+    "serve": ("ops", "the retrieval API over HTTP"),
+    "keys": ("ops", "API keys of tkg serve"),
+    "gc": ("ops", "remove old snapshots and finished work dirs"),
+    "mcp": ("mcp", "memory as MCP tools for agents (stdio or streamable HTTP)"),
+}
+BENCHES = {
+    "resolution": ("bench_resolution", "synthetic mentions with known duplicates"),
+    "locomo": ("bench_locomo", "LoCoMo (../shared/data): evidence recall@k and hit@k"),
+    "query": ("query_commands", "query latency on a synthetic store"),
+    "communities": ("refresh_communities", "label propagation, planted partition"),
+    "serve": ("ops", "HTTP load on a synthetic store, publish mid-run"),
+}
+
+
+def _add_lazy_commands(commands: Any, benches: Any, argv: list[str] | None) -> None:
+    """The module of the command being run registers for real; every other command gets a
+    stand-in with its help line, enough for `tkg --help` and `tkg bench --help`."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    wanted = None
+    if words[:1] == ["bench"] and len(words) > 1:
+        wanted = BENCHES.get(words[1], (None, ""))[0]
+    elif words:
+        wanted = COMMANDS.get(words[0], (None, ""))[0]
+    if wanted is not None:
+        _register(wanted, commands, benches)
+    for table, action in ((COMMANDS, commands), (BENCHES, benches)):
+        for name, (_, text) in table.items():
+            if name not in action.choices:
+                action.add_parser(name, help=text)
+
+
+def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The `tkg` parser, with real subparsers for the command named in `argv` (default:
+    sys.argv) and stand-ins for the others."""
     root = argparse.ArgumentParser(prog="tkg", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
 
@@ -195,36 +254,12 @@ def parser() -> argparse.ArgumentParser:
     bench_build.add_argument("--json", action="store_true")
     bench_build.set_defaults(fn=cmd_bench_build)
 
-    from tkg.jobs import bench_locomo, bench_resolution
-
-    bench_resolution.add_command(benches)
-    bench_locomo.add_command(benches)
-
-    from tkg.jobs.query_commands import add_query_commands
-
-    add_query_commands(commands, benches)
-
-    from tkg.jobs.refresh_communities import add_commands
-
-    add_commands(commands, benches)
-
-    from tkg.jobs import docs, report
-
-    docs.add_command(commands)
-    report.add_command(commands)
-
-    from tkg.jobs import ops
-
-    ops.add_commands(commands, benches)
-
-    from tkg.jobs import mcp
-
-    mcp.add_command(commands)
+    _add_lazy_commands(commands, benches, argv)
     return root
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser(argv).parse_args(argv)
     from tkg.pipeline.reliability import StageFailed
     from tkg.pipeline.sources import InputError
     from tkg.pipeline.store import StoreError

@@ -1,0 +1,48 @@
+"""The `tkg` parser imports a jobs module only when one of its commands runs; the table of
+stand-ins (names and help lines) must match what the modules register."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+def test_lazy_table_names_what_each_module_registers():
+    from tkg.jobs import cli
+
+    root = argparse.ArgumentParser()
+    commands = root.add_subparsers()
+    benches = commands.add_parser("bench").add_subparsers()
+    modules = {m for m, _ in [*cli.COMMANDS.values(), *cli.BENCHES.values()]}
+    for module in sorted(modules):
+        cli._register(module, commands, benches)
+    assert set(commands.choices) - {"bench"} == set(cli.COMMANDS)
+    assert set(benches.choices) == set(cli.BENCHES)
+
+
+@pytest.mark.parametrize("argv", [["search", "--help"], ["bench", "query", "--help"],
+                                  ["communities", "--help"], ["serve", "--help"]])
+def test_the_running_command_gets_its_real_arguments(argv):
+    from tkg.jobs import cli
+
+    parser = cli.parser(argv)
+    sub = _subparsers(parser).choices[argv[0]]
+    if argv[0] == "bench":
+        sub = _subparsers(sub).choices[argv[1]]
+    assert len(sub._actions) > 1  # more than the stand-in's --help
+
+
+def test_help_imports_no_jobs_module():
+    script = ("import sys\nfrom tkg.jobs import cli\ncli.parser(['--help'])\n"
+              "print(sorted(m for m in sys.modules if m.startswith(('tkg.jobs.', 'ray', "
+              "'igraph', 'duckdb', 'torch'))))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == "['tkg.jobs.cli']"
