@@ -290,7 +290,7 @@ def publish(store_dir: Path, run_id: str, tables: Mapping[str, TableWriter], *,
 def _indexes(snapshot: Path, previous: Path | None, kept: Sequence[str], dim: int,
              query: QueryConfig) -> dict[str, Any]:
     """Retrieval indexes of the snapshot; a kept table's are linked from the previous one."""
-    before = read_manifest(previous).get("retrieval") or {} if previous and kept else {}
+    before = (read_manifest(previous).get("retrieval") or {}) if previous and kept else {}
     reused = {}
     for name in kept:
         folder = f"{LANCE_DIR}/{name}.lance"

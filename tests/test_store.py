@@ -124,3 +124,21 @@ def test_a_copied_store_reads_its_own_files(tmp_path, monkeypatch):
     with duckdb.connect(str(store.current_snapshot(copy) / store.CATALOG),
                         read_only=True) as con, pytest.raises(duckdb.IOException):
         con.execute("SELECT count(*) FROM facts").fetchone()
+
+
+@pytest.mark.parametrize("point", ["publish:tables", "publish:catalog", "publish:indexes",
+                                   "before_switch"])
+def test_a_crash_while_publishing_keeps_the_good_snapshot(tmp_path, monkeypatch, point):
+    from tkg.pipeline import faults
+
+    _publish(tmp_path, "good", {"facts": _facts(2)}, previous=None)
+    monkeypatch.setenv(faults.ENV, point)
+    with pytest.raises(faults.InjectedCrash):
+        _publish(tmp_path, "next", {"facts": _facts(5)}, previous=None)
+    assert store.current_run(tmp_path) == "good"
+    with store.connect(tmp_path) as con:
+        assert con.execute("SELECT count(*) FROM facts_current").fetchone() == (2,)
+    monkeypatch.delenv(faults.ENV)
+    _publish(tmp_path, "next", {"facts": _facts(5)}, previous=None)
+    with store.connect(tmp_path) as con:
+        assert con.execute("SELECT count(*) FROM facts_current").fetchone() == (5,)
