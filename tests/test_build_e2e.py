@@ -354,11 +354,14 @@ def _versions_across_two_runs(old, new, first_time: datetime, second_time: datet
     """Every edge's versions after the second run, from how its current row changed: kept
     (one version, still the first run's), changed (closed at the second run, version 2
     open), new (version 1 of the second run) or dropped (closed). Returns the kept count."""
-    before = {r[0]: r for r in old.execute(f"SELECT {FACT_COLUMNS} FROM facts_current")}
-    after = {r[0]: r for r in new.execute(f"SELECT {FACT_COLUMNS} FROM facts_current")}
+    before = {r[0]: r for r in old.execute(f"SELECT {FACT_COLUMNS} FROM facts_current"
+                                            ).fetchall()}
+    after = {r[0]: r for r in new.execute(f"SELECT {FACT_COLUMNS} FROM facts_current"
+                                           ).fetchall()}
     versions: dict[str, list[tuple]] = {}
     for edge, version, created, expired in new.execute(
-            "SELECT edge_id, version, created_at, expired_at FROM facts ORDER BY ALL"):
+            "SELECT edge_id, version, created_at, expired_at FROM facts ORDER BY ALL"
+            ).fetchall():
         versions.setdefault(edge, []).append((version, created, expired))
     assert set(versions) == set(before) | set(after)
     for edge, rows in versions.items():
