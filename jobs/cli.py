@@ -65,17 +65,18 @@ def cmd_build(args: argparse.Namespace) -> int:
     """Inputs are checked before Ray starts; while it runs, the terminal gets one line per
     stage and everything else goes to the run's log (see jobs/build_output.py)."""
     from tkg.jobs import build_output
-    from tkg.pipeline import sources, store
+    from tkg.pipeline import sources, storage, store
     from tkg.pipeline.config import load_config
 
     config = load_config(args.config)
+    storage.configure(config.storage)
     files = sources.discover(args.input, config.storage)  # refuses odd inputs, Ray not started
     from tkg.pipeline.build import build, new_run_id
     from tkg.pipeline.stages import STAGES
 
     run_id = args.run_id or new_run_id(store.now(), files)
-    work = store.work_dir(Path(args.store), run_id)
-    log_path = None if args.verbose else work / build_output.LOG_NAME
+    work = store.work_dir(storage.location(args.store), run_id)
+    log_path = None if args.verbose else build_output.log_path(args.store, work)
     with build_output.terminal(log_path, args.json) as (out, err):
         try:
             if args.json:
@@ -199,6 +200,7 @@ BENCHES = {
     "query": ("query_commands", "query latency on a synthetic store"),
     "communities": ("refresh_communities", "label propagation, planted partition"),
     "serve": ("ops", "HTTP load on a synthetic store, publish mid-run"),
+    "incremental": ("bench_incremental", "a full build, then a small newer run into it"),
 }
 
 
