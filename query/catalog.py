@@ -10,6 +10,7 @@ from typing import Any
 
 from tkg.pipeline import store
 
+ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"  # edge and entity ids (hashes, prefixed)
 HISTORY_SQL = """
     SELECT f.edge_id, f.version, f.group_id, f.relation, f.fact, s.name AS source,
            t.name AS target, f.valid_at, f.invalid_at, f.created_at, f.expired_at,

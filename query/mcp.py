@@ -29,15 +29,18 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
-from tkg.pipeline.config import QueryConfig, ServeConfig
+from tkg.pipeline.config import GROUP_ID_PATTERN, QueryConfig, ServeConfig
 from tkg.query import catalog
 from tkg.query import keys as api_keys
 from tkg.query.api import Retriever
 from tkg.query.snapshot import QueryError
 
 KEY_ENV = "TKG_API_KEY"
-GroupId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")]
-ItemId = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")]
+# GROUP_ID_PATTERN as a tool's JSON schema must spell it: clients check arguments with
+# JavaScript regexes, which read Python's `\Z` as a literal Z; `$` is the end for pydantic's
+# regex engine and JavaScript alike
+GroupId = Annotated[str, Field(pattern=GROUP_ID_PATTERN.pattern.replace("\\Z", "$"))]
+ItemId = Annotated[str, Field(pattern=catalog.ID_PATTERN)]
 INSTRUCTIONS = (
     "Long-term memory as a bi-temporal knowledge graph. search_memory finds facts, entities, "
     "communities and source episodes for a question; get_context returns them as one text "

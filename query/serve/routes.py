@@ -20,7 +20,7 @@ from tkg.query.serve.metrics import Metrics
 from tkg.query.serve.pool import Workers
 from tkg.query.snapshot import QueryError, SnapshotHolder
 
-ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"  # edge and entity ids (hashes, prefixed)
+ID_PATTERN = catalog.ID_PATTERN
 GroupId = Annotated[str, Field(pattern=GROUP_ID_PATTERN)]
 ItemId = Annotated[str, Field(pattern=ID_PATTERN)]
 
