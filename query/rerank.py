@@ -20,7 +20,6 @@ from tkg.pipeline.registry import Registry
 
 if TYPE_CHECKING:
     from tkg.pipeline.config import QueryConfig
-    from tkg.query.recipes import Recipe
 
 K = TypeVar("K", bound=Hashable)
 UNREACHABLE = 1_000_000  # hop distance of a node the center cannot reach
@@ -190,13 +189,21 @@ def load_cross_encoder(config: QueryConfig, embedder: Callable[[], Any]) -> Cros
     return CROSS_ENCODERS.build(config.cross_encoder, config, embedder)
 
 
+class RecipeKnobs(Protocol):
+    """What rerankers read of a recipe (`recipes.Recipe` has it; recipes name rerankers, so
+    rerank must not import recipes)."""
+
+    mmr_lambda: float
+    cross_encoder_top: int
+
+
 class Candidates(Protocol):
     """One kind's candidates in one search, as a reranker step sees them."""
 
     kind: str
     text: str  # the query
     limit: int
-    recipe: Recipe
+    recipe: RecipeKnobs
     fused: list[tuple[int, float]]  # RRF over the methods' lists, best first
     keys: list[int]  # the fused keys, cut to the recipe's candidate pool
 
