@@ -12,6 +12,9 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# No "Loading weights" bar (transformers and huggingface_hub read this) on queries and in
+# build logs: a model packaged with tkg loads in a second or two, the bar only adds lines.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 COUNT_ROWS = (
     ("episodes_in", "records read"),
@@ -69,7 +72,6 @@ def cmd_build(args: argparse.Namespace) -> int:
     from tkg.pipeline.config import load_config
 
     config = load_config(args.config)
-    storage.configure(config.storage)
     files = sources.discover(args.input, config.storage)  # refuses odd inputs, Ray not started
     from tkg.pipeline.build import build, new_run_id
     from tkg.pipeline.stages import STAGES
@@ -260,6 +262,16 @@ def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return root
 
 
+def _configure_storage(args: argparse.Namespace) -> None:
+    """Every command that names a config reads and writes object storage with its `storage`
+    section (endpoint, region, addressing); without one, the AWS_* environment decides."""
+    if getattr(args, "config", None):
+        from tkg.pipeline import storage
+        from tkg.pipeline.config import load_config
+
+        storage.configure(load_config(args.config).storage)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser(argv).parse_args(argv)
     from tkg.pipeline.reliability import StageFailed
@@ -267,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     from tkg.pipeline.store import StoreError
 
     try:
+        _configure_storage(args)
         return args.fn(args)
     except (InputError, StoreError, StageFailed, FileNotFoundError, ValueError) as exc:
         print(f"tkg: error: {exc}", file=sys.stderr)
