@@ -196,14 +196,18 @@ def invalidate(edges: pa.Table, config: FactsConfig) -> pa.Table:
 def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
     """Apply the exclusive-class rules to one subject's edges (returned in a stable order):
     a newer value of the class, a negation of the class with the same object, or an ending
-    with the same object ends an open fact."""
+    with the same object ends an open fact; so ends the subject's unclassed facts with that
+    object stated while it held (the place it moved away from, the company it left)."""
     classes: dict[str, list[dict]] = {}
     negations: dict[str, list[dict]] = {}
     endings: list[dict] = []
+    unclassed: list[dict] = []
     for edge in edges:
         _, cls, negated = relation_class(edge["relation"], config)
         if cls is config.ending and edge["valid_at"] is not None:
             endings.append(edge)
+        if cls is None and not negated and edge["valid_at"] is not None:
+            unclassed.append(edge)
         if cls is None or not cls.exclusive or edge["valid_at"] is None:
             continue
         (negations if negated else classes).setdefault(cls.name, []).append(edge)
@@ -223,6 +227,10 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
                 continue
             cause = min(causes, key=lambda e: (e["valid_at"], e["edge_id"]))
             _end(old, cause["valid_at"], cause["edge_id"])
+            for other in unclassed:  # "can run the demo from Berlin" ends with the move
+                if other["target_entity_id"] == old["target_entity_id"] and (
+                        old["valid_at"] <= other["valid_at"] < cause["valid_at"]):
+                    _end(other, cause["valid_at"], cause["edge_id"])
     for name, members in classes.items():  # a title ends with the job it was held at
         scoping = {e["edge_id"]: e for e in classes.get(per.get(name, ""), [])}
         for edge in members:

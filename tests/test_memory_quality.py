@@ -80,6 +80,24 @@ def test_ending_ends_only_the_fact_with_that_object(extractor):
     assert only(edges, "LIVES_IN", "Denver")["invalid_at"] is None
 
 
+def test_an_announced_ending_ends_nothing_until_it_happens(extractor):
+    edges = story(extractor, [
+        (day(1), "I work at Contoso."), (day(5, 10), "I am leaving Contoso at the end of May."),
+        (day(6), "I accepted an offer from Fabrikam."),
+    ])
+    assert only(edges, "WORKS_AT", "Contoso")["invalid_at"] == day(6)
+
+
+def test_a_move_ends_what_was_said_about_the_old_place(extractor):
+    edges = story(extractor, [
+        (day(1), "I live in Berlin."), (day(2), "I can run the demo from Berlin."),
+        (day(6), "I moved to Paris."),
+    ])
+    assert only(edges, "LIVES_IN", "Berlin")["invalid_at"] == day(6)
+    assert only(edges, "RUN_FROM", "Berlin")["invalid_at"] == day(6)
+    assert only(edges, "LIVES_IN", "Paris")["invalid_at"] is None
+
+
 def test_a_job_change_worded_outside_the_synonyms_ends_the_old_job(extractor):
     edges = story(extractor, [
         (day(1), "I just started my new job at Contoso."),

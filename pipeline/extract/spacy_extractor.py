@@ -18,7 +18,7 @@ from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
 from tkg.pipeline.extract.dates import marks_end, resolve_date
 from tkg.pipeline.extract.records import extract_record
-from tkg.pipeline.facts import RelationClassifier
+from tkg.pipeline.facts import RelationClassifier, relation_class
 
 NER_LABELS = {
     "PERSON": "Person", "ORG": "Organization", "GPE": "Location", "LOC": "Location",
@@ -236,6 +236,9 @@ class SpacyExtractor:
             label = spans[token.i][1] if token.i in spans else self._label_for(
                 target, spans, speaker)
             relation = self.classifier.relation(relation_name(negation, *words), words, label)
+            if _prospective(verb) and relation_class(relation, self.config.facts)[1] is (
+                    self.config.facts.ending):
+                relation = relation_name("PLAN", relation)  # "I am leaving X in May"
             for subject, source in subjects:
                 if source == target:
                     continue
@@ -290,6 +293,15 @@ def own_text(verb: Token, subject: Token, target: Token) -> str:
         node = node.head
     text = _join(verb.doc, sorted(keep))
     return text if text.endswith((".", "!", "?")) else f"{text}."
+
+
+def _prospective(verb: Token) -> bool:
+    """An announced act ("I am leaving", "I will quit", "going to move out"): an ending that
+    has not happened yet ends nothing (what happens later, or the replacement, does)."""
+    auxiliaries = {c.lower_ for c in verb.children if c.dep_ in ("aux", "auxpass")}
+    return bool(auxiliaries & {"will", "'ll", "shall", "wo"}) or (
+        verb.tag_ == "VBG" and bool(auxiliaries & {"am", "'m", "is", "'s", "are", "'re"})) or (
+        verb.dep_ == "xcomp" and verb.head.lemma_.lower() in ("go", "plan", "want", "intend"))
 
 
 def _vocative(span: Span) -> bool:
