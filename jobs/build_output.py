@@ -13,13 +13,24 @@ import contextlib
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from tkg.pipeline import storage
+
 LOG_NAME = "tkg.log"
+
+
+def log_path(store_dir: str, work: Path | str) -> Path:
+    """Where a build's log goes: its work dir, or for a store in object storage (a log is
+    appended to while it runs) a local folder named after the run."""
+    if storage.is_url(store_dir):
+        return Path(tempfile.gettempdir(), "tkg-logs", storage.name(work), LOG_NAME)
+    return Path(work) / LOG_NAME
 SUCCESS = "_SUCCESS.json"  # the runner's marker of a finished stage
 
 
@@ -41,7 +52,11 @@ def terminal(log_path: Path | None, json_mode: bool) -> Iterator[tuple[IO[str], 
             os.dup2(log.fileno(), 2)
         elif json_mode:
             os.dup2(saved[1], 1)
-        yield out, err
+        # Python's own streams too: they need not write through fds 1 and 2 (pytest's don't)
+        python_out = log if log is not None else (sys.stderr if json_mode else sys.stdout)
+        python_err = log if log is not None else sys.stderr
+        with contextlib.redirect_stdout(python_out), contextlib.redirect_stderr(python_err):
+            yield out, err
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -59,13 +74,14 @@ class StageProgress:
     markers the runner writes in the work dir (so a resumed run shows its skipped stages
     too, and the runner knows nothing of the terminal)."""
 
-    def __init__(self, stream: IO[str], work_dir: Path, stages: list[str]) -> None:
+    def __init__(self, stream: IO[str], work_dir: Path | str, stages: list[str]) -> None:
         from rich.console import Console
 
         self.console = Console(file=stream)
         self.work_dir = work_dir
         self.stages = stages
         self.shown: set[str] = set()
+        self._done: list[tuple[str, float]] = []  # markers read (each once: a store request)
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -83,18 +99,17 @@ class StageProgress:
         self.console.print(self._line(name, seconds))
 
     def _finished(self) -> list[tuple[str, float]]:
-        import json
+        from tkg.pipeline import outputs
 
-        done = []
-        for name in self.stages:
-            marker = self.work_dir / name / SUCCESS
-            if not marker.is_file():
-                break
+        for name in self.stages[len(self._done):]:
             try:
-                done.append((name, float(json.loads(marker.read_text())["seconds"])))
+                record = outputs.finished(storage.join(self.work_dir, name))
+                if record is None:
+                    break
+                self._done.append((name, float(record["seconds"])))
             except (ValueError, KeyError, OSError):  # being written: next poll
                 break
-        return done
+        return self._done
 
     def _line(self, name: str, seconds: float) -> str:
         return f"  [green]✓[/green] {name:<12} {seconds:7.1f} s"
@@ -124,15 +139,12 @@ class StageProgress:
             live.update(self._running())
 
 
-def reject_reasons(snapshot: Path, run_id: str) -> dict[str, int]:
+def reject_reasons(snapshot: Path | str, run_id: str) -> dict[str, int]:
     """Records this run left out of the graph, by kind of reason ("malformed JSON")."""
     import pyarrow.compute as pc
-    import pyarrow.dataset as ds
+    from tkg.pipeline import schema, store
 
-    folder = snapshot / "rejects"
-    if not folder.is_dir():
-        return {}
-    table = ds.dataset(folder, format="parquet").to_table(columns=["run_id", "stage", "reason"])
+    table = store.read_table(snapshot, "rejects", schema.REJECTS, ["run_id", "stage", "reason"])
     mine = table.filter(pc.and_(pc.equal(table["run_id"], run_id),
                                 pc.is_in(table["stage"], pa_strings(["read", "window"]))))
     counts: dict[str, int] = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 
@@ -31,9 +30,10 @@ def cmd_keys_add(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from tkg.pipeline import storage
     from tkg.pipeline.reliability import gc
 
-    report = gc(Path(args.store), args.keep, dry_run=args.dry_run)
+    report = gc(storage.location(args.store), args.keep, dry_run=args.dry_run)
     figures = {"kept": report.kept, "removed_snapshots": report.removed_snapshots,
                "removed_work": report.removed_work, "freed_bytes": report.freed_bytes,
                "dry_run": args.dry_run}

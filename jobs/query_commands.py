@@ -25,17 +25,16 @@ def configured_query(path: str | None) -> QueryConfig | None:
 
 def _open(args: argparse.Namespace) -> Retriever:
     """The store's retriever with `--config`'s query section and `--cross-encoder`."""
-    from pathlib import Path
-
-    from tkg.pipeline import store
+    from tkg.pipeline import storage, store
     from tkg.query.snapshot import snapshot_config
 
     from tkg import query
 
     config = configured_query(args.config)
     if getattr(args, "cross_encoder", None):
-        config = (config or snapshot_config(store.read_manifest(store.current_snapshot(
-            Path(args.store))))).model_copy(update={"cross_encoder": args.cross_encoder})
+        snapshot = store.current_snapshot(storage.location(args.store))
+        config = (config or snapshot_config(store.read_manifest(snapshot))).model_copy(
+            update={"cross_encoder": args.cross_encoder})
     return query.open(args.store, config=config)
 
 

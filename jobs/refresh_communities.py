@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tkg.pipeline import communities, schema, store, visibility
+from tkg.pipeline import communities, schema, storage, store, visibility
 from tkg.pipeline.config import TkgConfig, load_config
 
 INPUT_COLUMNS = {
@@ -104,7 +104,7 @@ def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
                   run_id: str | None = None) -> dict[str, Any]:
     """Refresh the communities of the current snapshot into a new snapshot; returns the
     summary (counts, drift, seconds). Readers keep the old snapshot until CURRENT switches."""
-    store_dir = Path(store_dir)
+    store_dir = storage.location(store_dir)
     previous = store.current_snapshot(store_dir)
     manifest = store.read_manifest(previous)
     config = config or snapshot_config(manifest)
@@ -135,7 +135,7 @@ def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
             **manifest, "run_id": run_id, "created_at": started_at.isoformat(),
             "config_hash": config.fingerprint(), "config": config.model_dump(),
             "tables": {**manifest.get("tables", {}), **done.rows}, "summary": summary,
-            "refreshed_from": previous.name, "retrieval": done.retrieval,
+            "refreshed_from": storage.name(previous), "retrieval": done.retrieval,
         }, _run_row(summary, config, started_at, seconds)
 
     published = store.publish(store_dir, run_id, replaced, previous=previous, dim=dim,
@@ -147,7 +147,7 @@ def _summary(manifest: dict[str, Any], done: store.Published, rows: pa.Table,
              report: dict[str, Any], seconds: dict[str, float]) -> dict[str, Any]:
     """The previous snapshot's summary with the refreshed communities and their drift."""
     return {
-        **manifest.get("summary", {}), "run_id": done.snapshot.name,
+        **manifest.get("summary", {}), "run_id": storage.name(done.snapshot),
         "snapshot": str(done.snapshot), "previous_snapshot": manifest["run_id"],
         "communities": rows.num_rows,
         "communities_extended": int(pc.sum(rows["placed"]).as_py() or 0) if rows.num_rows else 0,

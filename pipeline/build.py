@@ -11,20 +11,21 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ray
 import ray.data
 from tkg.pipeline import faults, outputs, reliability, schema, sources, storage, store, visibility
-from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.config import StorageConfig, TkgConfig
 from tkg.pipeline.embed import embedding_dim
 from tkg.pipeline.llm.usage import llm_summary
 from tkg.pipeline.stages import INTERNAL_EXTRACTIONS, STAGES, RunContext, Stage
+from tkg.pipeline.storage import Location
 
 log = logging.getLogger("tkg.build")
 # Work tables -> the published table they become.
@@ -44,7 +45,7 @@ REJECT_OUTPUTS = ("read_rejects", "window_rejects", "extract_rejects")
 @dataclass
 class BuildResult:
     summary: dict[str, Any]
-    snapshot: Path
+    snapshot: Location
 
 
 def new_run_id(now: datetime, files: list[Path]) -> str:
@@ -95,29 +96,30 @@ def init_ray(config: TkgConfig) -> int:
     return cpus
 
 
-def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Path]) -> dict[str, int]:
+def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Location]) -> dict[str, int]:
     """One attempt at a stage: read its inputs, run it, write its outputs; rows per output."""
     inputs = {name: outputs.read([done[name]]) for name in stage.inputs}
     inputs = faults.worker_inputs(stage.name, inputs, ctx.work_dir)
     faults.hit("stage_error", stage.name)
     results = stage.run(ctx, inputs)
-    rows = {name: outputs.write(results[name], ctx.work_dir / stage.name / name,
+    targets = {name: storage.join(ctx.work_dir, stage.name, name) for name in stage.outputs}
+    rows = {name: outputs.write(results[name], targets[name],
                                 schema.WORK_TABLES[name](ctx.dim)) for name in stage.outputs}
-    done.update({name: ctx.work_dir / stage.name / name for name in stage.outputs})
+    done.update(targets)
     return rows
 
 
 def run_stages(ctx: RunContext) -> dict[str, float]:
     """Run each stage not already finished in the work dir; returns seconds per stage."""
     seconds: dict[str, float] = {}
-    done: dict[str, Path] = {}
+    done: dict[str, Location] = {}
     for stage in STAGES:
-        stage_dir = ctx.work_dir / stage.name
+        stage_dir = storage.join(ctx.work_dir, stage.name)
         record = outputs.finished(stage_dir)
         if record is not None:
             ctx.count_all(record["counters"])
             seconds[stage.name] = record["seconds"]
-            done.update({name: stage_dir / name for name in stage.outputs})
+            done.update({name: storage.join(stage_dir, name) for name in stage.outputs})
             log.info("stage %s already finished, skipped", stage.name)
             continue
         started = time.perf_counter()
@@ -132,11 +134,13 @@ def run_stages(ctx: RunContext) -> dict[str, float]:
     return seconds
 
 
-def _writer(source: Path, table_schema: pa.Schema) -> store.TableWriter:
+def _writer(source: Location, table_schema: pa.Schema) -> store.TableWriter:
     """Publish a stage output: one Ray task per part file writes its group partitions."""
 
-    def write(target: Path) -> int:
-        tasks = [_write_parts.remote(f, target, table_schema) for f in outputs.part_files(source)]
+    def write(target: Location) -> int:
+        config = storage.configured()
+        tasks = [_write_parts.remote(f, target, table_schema, config)
+                 for f in outputs.part_files(source)]
         rows = sum(ray.get(tasks))
         store.write_empty(target, table_schema)
         return rows
@@ -145,23 +149,25 @@ def _writer(source: Path, table_schema: pa.Schema) -> store.TableWriter:
 
 
 @ray.remote
-def _write_parts(path: str, target: Path, table_schema: pa.Schema) -> int:
-    table = pq.read_table(path)
+def _write_parts(path: str, target: Location, table_schema: pa.Schema,
+                 config: StorageConfig | None) -> int:
+    storage.configure(config)  # a worker writes to the store the driver was told about
+    table = storage.read_parquet(path)
     if table.num_rows == 0:
         return 0
     store.write_group_parts(table, target, table_schema)
     return table.num_rows
 
 
-def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
+def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
             started_at: datetime) -> BuildResult:
     """Publish the run's outputs as a snapshot (`store.publish`), CURRENT switched last."""
     out = ctx.outputs
     tables = {table: _writer(out[work], schema.PUBLISHED[table](ctx.dim))
               for work, table in PUBLISH.items()}
     tables[INTERNAL_EXTRACTIONS] = _writer(out["extractions"], schema.EXTRACTIONS)
-    rejects = {name: store.read_table(out[name].parent, out[name].name, schema.REJECTS)
-               for name in REJECT_OUTPUTS}
+    rejects = {name: store.read_table(storage.join(out[name], ".."), storage.name(out[name]),
+                                      schema.REJECTS) for name in REJECT_OUTPUTS}
     every_reject = pa.concat_tables([
         *rejects.values(),
         store.read_table(ctx.previous, "rejects", schema.REJECTS) if ctx.previous
@@ -185,7 +191,7 @@ def publish(ctx: RunContext, store_dir: Path, seconds: dict[str, float],
                        snapshot=store.snapshot_dir(store_dir, ctx.run_id))
 
 
-def _summary(ctx: RunContext, store_dir: Path, done: store.Published,
+def _summary(ctx: RunContext, store_dir: Location, done: store.Published,
              rejects: dict[str, pa.Table], seconds: dict[str, float]) -> dict[str, Any]:
     """The run's figures. Every record read is rejected (unreadable, or an id seen with other
     content) or ok: stored by this run, a re-delivery within this run, or already in the
@@ -202,12 +208,12 @@ def _summary(ctx: RunContext, store_dir: Path, done: store.Published,
         "episodes_ok": sum(new.values()),
         "rejected": rejects["read_rejects"].num_rows + rejects["window_rejects"].num_rows,
         "duplicates": new["duplicates"], "already_ingested": new["already_ingested"],
-        "previous_snapshot": ctx.previous.name if ctx.previous else None,
+        "previous_snapshot": storage.name(ctx.previous) if ctx.previous else None,
         "extract_failed": rejects["extract_rejects"].num_rows,
         "missing_timezone": counters.get("missing_timezone", 0),
         "ambiguous_pairs": counters.get("ambiguous_pairs", 0),
         "episodes": rows["episodes"], "entities": rows["entities"], "mentions": rows["mentions"],
-        **_fact_counts(done.snapshot),
+        **_fact_counts(done),
         "communities": rows["communities"],
         "communities_extended": counters.get("communities_extended", 0),
         **llm_summary(counters, rows["episodes"]),
@@ -216,11 +222,11 @@ def _summary(ctx: RunContext, store_dir: Path, done: store.Published,
     }
 
 
-def _fact_counts(snapshot: Path) -> dict[str, int]:
+def _fact_counts(done: store.Published) -> dict[str, int]:
     """Fact versions, facts the store believes now, and those among them that ended."""
     now = visibility.duckdb_where("facts", known_at=visibility.LATEST)
     held = visibility.duckdb_where("facts", as_of=visibility.LATEST)
-    with store.open_catalog(snapshot) as con:
+    with done.connect() as con:
         facts, current, ended = con.execute(
             f"SELECT count(DISTINCT edge_id), count(*) FILTER ({now}), "
             f"count(*) FILTER ({now} AND NOT ({held})) FROM facts").fetchone()
@@ -239,27 +245,31 @@ def _run_row(ctx: RunContext, summary: dict[str, Any], started_at: datetime) -> 
     return pa.Table.from_pylist([row], schema=schema.RUNS)
 
 
+def _remembered(location: Location, first: Callable[[], str]) -> str:
+    """What the first attempt of a run wrote at `location` (`first()`, written now if none)."""
+    try:
+        return storage.read_text(location).strip()
+    except FileNotFoundError:
+        value = first()
+        storage.write_text(location, value)
+        return value
+
+
 def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
           run_id: str | None = None) -> BuildResult:
     """Build a snapshot of `inputs` into `store_dir` and publish it."""
-    storage.require_local(store_dir, "store")
-    store_dir = Path(store_dir)
+    storage.configure(config.storage)
+    store_dir = storage.location(store_dir)
     files = sources.discover(inputs, config.storage)
     started_at = store.now()
     run_id = run_id or new_run_id(started_at, files)
     reliability.preflight(store_dir, files, config)  # disk and permissions, before any work
     work = store.work_dir(store_dir, run_id)
-    work.mkdir(parents=True, exist_ok=True)
-    created_file = work / "created_at"
-    if created_file.is_file():  # a resumed run keeps its transaction time
-        created_at = datetime.fromisoformat(created_file.read_text().strip())
-    else:
-        created_at = started_at
-        created_file.write_text(created_at.isoformat())
-    previous_file = work / "previous"  # a resumed run builds on the same snapshot
-    if not previous_file.is_file():
-        previous_file.write_text(store.current_run(store_dir) or "")
-    previous_run = previous_file.read_text().strip()
+    # A resumed run keeps its transaction time and builds on the same snapshot.
+    created_at = datetime.fromisoformat(
+        _remembered(storage.join(work, "created_at"), started_at.isoformat))
+    previous_run = _remembered(storage.join(work, "previous"),
+                               lambda: store.current_run(store_dir) or "")
     previous = store.snapshot_dir(store_dir, previous_run) if previous_run else None
     cpus = init_ray(config)
     ctx = RunContext(config=config, run_id=run_id, created_at=created_at, files=files,

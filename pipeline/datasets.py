@@ -10,30 +10,37 @@ column it lacks. `nonempty` is the one guard: every shuffle and join goes throug
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Sequence
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import ray
 import ray.data
 from ray.data import Dataset
 from ray.data.dataset import MaterializedDataset
+from tkg.pipeline import storage
+from tkg.pipeline.config import StorageConfig
+
+EMPTY_PART = "part-empty.parquet"  # what every writer of tkg names a file of no rows
 
 
 @ray.remote
-def _read_file(path: str) -> pa.Table:
-    return pq.read_table(path, partitioning=None)
+def _read_file(path: str, config: StorageConfig | None) -> pa.Table:
+    storage.configure(config)  # a worker reads the store the driver was told about
+    return storage.read_parquet(path)
 
 
 def read_parquet_files(files: Sequence[str]) -> MaterializedDataset:
     """One Ray task per file, each file one block, already materialized. Ray Data's
     read_parquet plans a listing and a read operator per call, about a second of fixed cost
     that a build paid some thirty times; the files here are our own part files, each
-    written from one block, so a task per file reads them as well. Files without rows are
-    left out (one is kept when all are empty, for its schema)."""
-    with_rows = [f for f in files if pq.ParquetFile(f).metadata.num_rows]
+    written from one block, so a task per file reads them as well. Placeholder files of
+    empty tables are left out by name (no footer read per file: on an object store each is
+    a request), one kept when there is nothing else, for its schema."""
+    with_rows = [f for f in files if posixpath.basename(str(f)) != EMPTY_PART]
     chosen = with_rows or list(files[:1])
-    return ray.data.from_arrow_refs([_read_file.remote(str(f)) for f in chosen])
+    config = storage.configured()
+    return ray.data.from_arrow_refs([_read_file.remote(str(f), config) for f in chosen])
 
 
 @ray.remote

@@ -19,7 +19,9 @@ killed process escapes all cleanup, so what is left on disk is what a real crash
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,12 +70,17 @@ def die() -> None:
     os._exit(1)  # a process lost mid-batch: no exception, no cleanup
 
 
-def worker_inputs(stage: str, inputs: dict, marker_dir: Path) -> dict:
+def worker_inputs(stage: str, inputs: dict, marker_dir: Path | str) -> dict:
     """With `worker_exit:<stage>`, route the stage's inputs through a Ray task that kills its
-    own worker process the first time it runs; Ray reruns the task on a new worker."""
+    own worker process the first time it runs; Ray reruns the task on a new worker. The
+    once-only marker is a local file (an exclusive create), beside a local work dir, else
+    in the temp folder (a work dir in object storage; the tests' workers share a machine)."""
     if ("worker_exit", stage) not in specs():
         return inputs
-    marker = str(marker_dir / f"_worker_exit.{stage}")
+    folder = Path(marker_dir) if "://" not in str(marker_dir) else Path(
+        tempfile.gettempdir(), "tkg-faults", hashlib.sha256(str(marker_dir).encode()).hexdigest())
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = str(folder / f"_worker_exit.{stage}")
     return {name: ds.map_batches(_exit_once(marker), batch_format="pyarrow")
             for name, ds in inputs.items()}
 

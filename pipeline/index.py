@@ -22,17 +22,16 @@ import logging
 import math
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from tkg.pipeline import schema
+from tkg.pipeline import schema, storage
 from tkg.pipeline.config import QueryConfig
+from tkg.pipeline.storage import Location
 
 os.environ.setdefault("LANCE_LOG", "error")  # lance logs deprecation notes per query
 
@@ -142,37 +141,51 @@ def index_table(db: Any, spec: TableSpec, data: pa.Table, dim: int,
     return built
 
 
-def read_published(snapshot: Path, name: str, dim: int) -> pa.Table:
-    """A published table of the snapshot, in its declared schema (all groups)."""
-    table_schema = schema.PUBLISHED[name](dim)
-    folder = snapshot / name
-    if not folder.is_dir():
-        return table_schema.empty_table()
-    files = sorted(str(p) for p in folder.rglob("*.parquet"))
-    if not files:
-        return table_schema.empty_table()
-    return pa.concat_tables(
-        [schema.conform(pq.read_table(f, partitioning=None), table_schema) for f in files])
-
-
-def build_indexes(snapshot: Path, dim: int, config: QueryConfig,
-                  tables: dict[str, pa.Table] | None = None,
-                  reused: Collection[str] = ()) -> dict[str, Any]:
-    """Build `SNAPSHOT/lance/` from the snapshot's Parquet (or from `tables` given in memory,
-    as the query benchmark does), except the `reused` tables the caller already placed there.
-    Called by publish before the manifest is written, so a published snapshot always has its
-    indexes. Returns per-table figures for the manifest."""
+def connect(location: Location) -> Any:
+    """A LanceDB database at a local folder or an object-store URL (LanceDB's own
+    `storage_options`, from the same settings as the rest of tkg)."""
     import lancedb
 
+    return lancedb.connect(str(location), storage_options=storage.lance_options(location))
+
+
+async def connect_async(location: Location) -> Any:
+    import lancedb
+
+    return await lancedb.connect_async(str(location),
+                                       storage_options=storage.lance_options(location))
+
+
+def read_published(snapshot: Location, name: str, dim: int,
+                   files: Sequence[Location] | None = None) -> pa.Table:
+    """A published table in its declared schema (all groups): of the `files` given (the
+    manifest's), else of the Parquet under the snapshot's folder for it."""
+    table_schema = schema.PUBLISHED[name](dim)
+    if files is None:
+        files = storage.list_files(storage.join(snapshot, name), suffixes={".parquet"})
+    if not files:
+        return table_schema.empty_table()
+    return pa.concat_tables([schema.conform(t, table_schema)
+                             for t in storage.each(storage.read_parquet, list(files))])
+
+
+def build_indexes(snapshot: Location, dim: int, config: QueryConfig,
+                  tables: dict[str, pa.Table] | None = None,
+                  reused: Collection[str] = (),
+                  files: Mapping[str, Sequence[Location]] | None = None) -> dict[str, Any]:
+    """Build `SNAPSHOT/lance/` from the snapshot's Parquet (its `files` per table, or
+    `tables` given in memory, as the query benchmark does), except the `reused` tables
+    kept from an earlier snapshot. Called by publish before the manifest is written, so a
+    published snapshot always has its indexes. Returns per-table figures for the manifest."""
     started = time.perf_counter()
-    db = lancedb.connect(str(Path(snapshot) / LANCE_DIR))
+    db = connect(storage.join(snapshot, LANCE_DIR))
     figures: dict[str, Any] = {}
     for name, spec in SPECS.items():
         if name in reused:
             continue
         data = (tables or {}).get(name)
         if data is None:
-            data = read_published(Path(snapshot), name, dim)
+            data = read_published(snapshot, name, dim, (files or {}).get(name))
         figures[name] = index_table(db, spec, data, dim, config)
     figures["seconds"] = round(time.perf_counter() - started, 3)
     log.info("retrieval indexes built in %.1f s", figures["seconds"])

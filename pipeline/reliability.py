@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-import pyarrow.parquet as pq
-from tkg.pipeline import storage, store
+from tkg.pipeline import schema, storage, store
 from tkg.pipeline.config import StorageConfig, TkgConfig
 from tkg.pipeline.faults import InjectedCrash
+from tkg.pipeline.storage import Location
 
 log = logging.getLogger("tkg.reliability")
 T = TypeVar("T")
@@ -60,7 +60,7 @@ def classify(exc: BaseException) -> str | None:
     return None
 
 
-def store_error(exc: BaseException, store_dir: Path, doing: str) -> store.StoreError | None:
+def store_error(exc: BaseException, store_dir: Location, doing: str) -> store.StoreError | None:
     """A StoreError with advice for a disk-full or permission error, else None."""
     kind = classify(exc)
     if kind is None:
@@ -73,9 +73,9 @@ def store_error(exc: BaseException, store_dir: Path, doing: str) -> store.StoreE
     )
 
 
-def _readable(path: Path) -> bool:
+def _readable(path: Location) -> bool:
     try:
-        return path.is_dir()
+        return storage.exists(path)
     except OSError:
         return False
 
@@ -84,17 +84,20 @@ def input_bytes(files: list[Path | str], storage_config: StorageConfig | None = 
     return sum(storage.size(f, storage_config) for f in files)
 
 
-def preflight(store_dir: Path, files: list[Path | str], config: TkgConfig) -> None:
-    """Fail before any work when the store cannot be written or the disk is nearly full."""
+def preflight(store_dir: Location, files: list[Path | str], config: TkgConfig) -> None:
+    """Fail before any work when the store cannot be written or the disk is nearly full (an
+    object store has no free space to check; its bucket and credentials are)."""
     limits = config.limits
     try:
-        store_dir.mkdir(parents=True, exist_ok=True)
-        probe = store_dir / f".tkg-write-test.{uuid.uuid4().hex}"
-        probe.write_bytes(b"tkg")
-        probe.unlink()
+        probe = storage.join(store_dir, f".tkg-write-test.{uuid.uuid4().hex}")
+        storage.write_bytes(probe, b"tkg")
+        storage.delete_file(probe)
     except OSError as exc:
         raise store_error(exc, store_dir, f"writing to {store_dir}") or store.StoreError(
-            f"cannot write to {store_dir}: {exc}") from exc
+            f"cannot write to {store_dir}: {exc}; check the path (for object storage: the "
+            "bucket, the storage endpoint and credentials, README: storage)") from exc
+    if storage.is_url(store_dir):
+        return
     free = shutil.disk_usage(store_dir).free
     read = input_bytes(files, config.storage)
     needed = int(limits.min_free_mb * 2**20 + limits.free_space_per_input_byte * read)
@@ -112,7 +115,7 @@ def run_stage(name: str, ctx, attempt: Callable[[], T]) -> T:
     lost workers and tasks inside it). Counters of a failed attempt are rolled back; disk and
     permission errors are not retried; the last failure names the stage and how to resume."""
     attempts = max(1, ctx.config.ray.stage_attempts)
-    store_dir = ctx.work_dir.parent.parent
+    store_dir = storage.join(ctx.work_dir, "..", "..")
     for number in range(1, attempts + 1):
         counters = dict(ctx.counters)
         try:
@@ -138,7 +141,7 @@ def run_stage(name: str, ctx, attempt: Callable[[], T]) -> T:
 
 
 @contextlib.contextmanager
-def publishing(store_dir: Path, run_id: str) -> Iterator[None]:
+def publishing(store_dir: Location, run_id: str) -> Iterator[None]:
     """A failed publish removes its half-written snapshot (CURRENT was never switched) and
     reports disk or permission errors as such. A crash leaves the folder; the next publish
     of the run replaces it (see store.prepare_snapshot)."""
@@ -148,7 +151,8 @@ def publishing(store_dir: Path, run_id: str) -> Iterator[None]:
         raise
     except Exception as exc:
         if store.current_run(store_dir) != run_id:
-            shutil.rmtree(store.snapshot_dir(store_dir, run_id), ignore_errors=True)
+            with contextlib.suppress(OSError):
+                storage.delete_dir(store.snapshot_dir(store_dir, run_id))
         problem = store_error(exc, store_dir, f"publishing snapshot {run_id}")
         if problem is not None:
             raise problem from exc
@@ -166,56 +170,83 @@ class GcReport:
     freed_bytes: int = 0
 
 
-def _size(path: Path) -> int:
-    """Bytes freed by removing `path`: files hard-linked from another snapshot are not."""
-    return sum(s.st_size for s in (p.stat() for p in path.rglob("*") if p.is_file())
-               if s.st_nlink == 1)
-
-
-def _finished_runs(store_dir: Path) -> set[str]:
+def _finished_runs(store_dir: Location) -> set[str]:
     """Runs recorded as succeeded in the current snapshot's `runs` table."""
     run_id = store.current_run(store_dir)
     if run_id is None:
         return set()
-    runs = store.snapshot_dir(store_dir, run_id) / "runs"
-    if not runs.exists():
-        return {run_id}
-    table = pq.read_table(runs, columns=["run_id", "status"], partitioning=None)
+    table = store.read_table(store.snapshot_dir(store_dir, run_id), "runs", schema.RUNS,
+                             ["run_id", "status"])
     return {r for r, s in zip(table["run_id"].to_pylist(), table["status"].to_pylist(),
                               strict=True) if s == "succeeded"} | {run_id}
 
 
-def gc(store_dir: Path, keep: int, dry_run: bool = False) -> GcReport:
+def _published(store_dir: Location) -> list[Location]:
+    """Snapshots with a manifest, newest first (by the manifest's time)."""
+    stamps = {s: storage.stamp(storage.join(s, store.MANIFEST))
+              for s in storage.list_dirs(storage.join(store_dir, "snapshots"))}
+    return sorted((s for s, t in stamps.items() if t is not None),
+                  key=lambda s: stamps[s][0], reverse=True)
+
+
+def _referenced(snapshots: list[Location]) -> tuple[set[str], tuple[str, ...]]:
+    """What kept snapshots use: their files (as storage keys) and their LanceDB folders (as
+    key prefixes), wherever they lie."""
+    files: set[str] = set()
+    folders: set[str] = set()
+    for snapshot in snapshots:
+        manifest = store.read_manifest(snapshot)
+        files.update(storage.key(f) for listed in store.snapshot_files(snapshot, manifest).values()
+                     for f in listed)
+        files.update(storage.key(storage.join(snapshot, n)) for n in (store.MANIFEST,
+                                                                       store.CATALOG))
+        folders.update(storage.key(d) + "/" for d in store.lance_dirs(snapshot, manifest).values())
+    return files, tuple(folders)
+
+
+def _collect(snapshot: Location, files: set[str], folders: tuple[str, ...],
+             dry_run: bool) -> int:
+    """Remove a snapshot's files that no kept manifest lists; returns the bytes freed."""
+    sized = storage.file_sizes(snapshot)
+    unused = [(f, n) for f, n in sized
+              if storage.key(f) not in files and not storage.key(f).startswith(folders)]
+    if not dry_run:
+        if len(unused) == len(sized):
+            storage.delete_dir(snapshot)
+        else:
+            storage.delete_files([f for f, _ in unused])
+    return sum(n for _, n in unused)
+
+
+def gc(store_dir: Location, keep: int, dry_run: bool = False) -> GcReport:
     """Remove published snapshots except CURRENT and the newest `keep`, and the work dirs of
-    finished runs. Snapshots that an unfinished run builds on, and unpublished folders (a
-    build may be writing them), are left alone."""
-    store_dir = Path(store_dir)
+    finished runs. A removed snapshot's files that a kept manifest lists (a table carried
+    into a later snapshot) stay. Snapshots that an unfinished run builds on, and unpublished
+    folders (a build may be writing them), are left alone."""
+    store_dir = storage.location(store_dir)
     current = store.current_run(store_dir)
     if current is None:
         raise store.StoreError(f"{store_dir} has no CURRENT snapshot; nothing to collect")
     finished = _finished_runs(store_dir)
-    work_root = store_dir / "work"
-    unfinished = [w for w in (work_root.iterdir() if work_root.is_dir() else [])
-                  if w.is_dir() and w.name not in finished]
-    needed = {(w / "previous").read_text().strip() for w in unfinished
-              if (w / "previous").is_file()}
-    published = sorted(
-        (p for p in (store_dir / "snapshots").iterdir() if (p / store.MANIFEST).is_file()),
-        key=lambda p: (p / store.MANIFEST).stat().st_mtime, reverse=True)
-    report = GcReport()
-    newest = {p.name for p in published[:max(keep, 0)]}
+    works = storage.list_dirs(storage.join(store_dir, "work"))
+    needed = set()
+    for work in works:
+        if storage.name(work) not in finished:
+            with contextlib.suppress(FileNotFoundError):
+                needed.add(storage.read_text(storage.join(work, "previous")).strip())
+    published = _published(store_dir)
+    newest = {storage.name(p) for p in published[:max(keep, 0)]}
+    kept = [p for p in published if storage.name(p) in newest | {current} | needed]
+    files, folders = _referenced(kept)
+    report = GcReport(kept=[storage.name(p) for p in kept])
     for snapshot in published:
-        if snapshot.name in newest | {current} | needed:
-            report.kept.append(snapshot.name)
-            continue
-        report.removed_snapshots.append(snapshot.name)
-        report.freed_bytes += _size(snapshot)
-        if not dry_run:
-            shutil.rmtree(snapshot)
-    for work in sorted(work_root.iterdir() if work_root.is_dir() else []):
-        if work.is_dir() and work.name in finished:
-            report.removed_work.append(work.name)
-            report.freed_bytes += _size(work)
+        if snapshot not in kept:
+            report.removed_snapshots.append(storage.name(snapshot))
+            report.freed_bytes += _collect(snapshot, files, folders, dry_run)
+    for work in works:
+        if storage.name(work) in finished:
+            report.removed_work.append(storage.name(work))
+            report.freed_bytes += sum(n for _, n in storage.file_sizes(work))
             if not dry_run:
-                shutil.rmtree(work)
+                storage.delete_dir(work)
     return report

@@ -15,12 +15,12 @@ import json
 import logging
 import math
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from tkg.pipeline import faults, outputs, schema
+from tkg.pipeline import faults, outputs, schema, storage
+from tkg.pipeline.storage import Location
 
 if TYPE_CHECKING:
     from ray.data import Dataset
@@ -54,14 +54,17 @@ def _only(bucket: int):
     return keep
 
 
-def _plan(root: Path, rows: int, chunk_rows: int) -> int:
-    """The number of chunks, fixed at the first attempt so a resume splits the same way."""
-    plan = root / PLAN
-    if plan.is_file():
-        return int(json.loads(plan.read_text())["chunks"])
-    chunks = max(1, math.ceil(rows / max(chunk_rows, 1)))
-    root.mkdir(parents=True, exist_ok=True)
-    plan.write_text(json.dumps({"chunks": chunks, "rows": rows}))
+def _plan(root: Location, rows: Callable[[], int], chunk_rows: int) -> int:
+    """The number of chunks, fixed at the first attempt so a resume splits the same way
+    (`rows` is counted only then)."""
+    plan = storage.join(root, PLAN)
+    try:
+        return int(json.loads(storage.read_text(plan))["chunks"])
+    except FileNotFoundError:
+        pass
+    counted = rows()
+    chunks = max(1, math.ceil(counted / max(chunk_rows, 1)))
+    storage.write_text(plan, json.dumps({"chunks": chunks, "rows": counted}))
     return chunks
 
 
@@ -69,11 +72,11 @@ def run_in_chunks(ctx: RunContext, stage: Stage, key: str, chunk_rows: int,
                   inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Run `stage` once per unfinished chunk of its first input; return all chunks' outputs."""
     source = stage.inputs[0]
-    root = ctx.work_dir / stage.name / CHUNKS
+    root = storage.join(ctx.work_dir, stage.name, CHUNKS)
     data = inputs[source]
-    chunks = _plan(root, 0 if (root / PLAN).is_file() else data.count(), chunk_rows)
+    chunks = _plan(root, data.count, chunk_rows)
     keyed = data.map_batches(_with_bucket(key, chunks), batch_format="pyarrow").materialize()
-    chunk_dirs = [root / f"{index:05d}" for index in range(chunks)]
+    chunk_dirs = [storage.join(root, f"{index:05d}") for index in range(chunks)]
     for index, chunk_dir in enumerate(chunk_dirs):
         done = outputs.finished(chunk_dir)
         if done is not None:
@@ -84,11 +87,12 @@ def run_in_chunks(ctx: RunContext, stage: Stage, key: str, chunk_rows: int,
         before = dict(ctx.counters)
         part = keyed.map_batches(_only(index), batch_format="pyarrow")
         results = stage.run(ctx, {**inputs, source: part})
-        rows = {name: outputs.write(results[name], chunk_dir / name,
+        rows = {name: outputs.write(results[name], storage.join(chunk_dir, name),
                                     schema.WORK_TABLES[name](ctx.dim)) for name in stage.outputs}
         outputs.mark_finished(chunk_dir, {"rows": rows, "counters": ctx.counted_since(before)})
         log.info("%s chunk %d/%d done: %s", stage.name, index + 1, chunks, rows)
-    return {name: outputs.read(d / name for d in chunk_dirs) for name in stage.outputs}
+    return {name: outputs.read(storage.join(d, name) for d in chunk_dirs)
+            for name in stage.outputs}
 
 
 def resumable(stage: Stage, chunk_rows: Callable[[TkgConfig], int],

@@ -12,18 +12,39 @@ location string means the same bytes to every component.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import duckdb
+import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from tkg.pipeline.config import StorageConfig
 
 SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss")
+Location = Path | str  # a local path, or an object-store URL (a str: Path folds `//`)
+# Concurrent requests where many small objects are read or written at once (footers of a
+# table's parts, a stage's output blocks): object stores answer each in ~ms of latency.
+IO_THREADS = 16
+_configured: StorageConfig | None = None
+
+
+def configure(config: StorageConfig | None) -> None:
+    """The `storage` section every call of this process uses when given none (set by the
+    entry points: build, query, serve; Ray tasks get it as an argument and set it too)."""
+    global _configured
+    _configured = config
+
+
+def configured() -> StorageConfig | None:
+    return _configured
 
 
 class StorageError(ValueError):
@@ -55,7 +76,7 @@ class S3Settings:
 
     @classmethod
     def of(cls, config: StorageConfig | None) -> S3Settings:
-        config = config or StorageConfig()
+        config = config or _configured or StorageConfig()
         endpoint = (config.endpoint or os.environ.get("AWS_ENDPOINT_URL_S3")
                     or os.environ.get("AWS_ENDPOINT_URL"))
         region = (config.region or os.environ.get("AWS_REGION")
@@ -65,7 +86,13 @@ class S3Settings:
 
 
 def _s3(config: StorageConfig | None) -> pafs.S3FileSystem:
-    settings = S3Settings.of(config)
+    return _s3_of(S3Settings.of(config))
+
+
+@functools.lru_cache(maxsize=8)
+def _s3_of(settings: S3Settings) -> pafs.S3FileSystem:
+    """One client per endpoint and process: a new one per call would open new connections
+    for every object."""
     options: dict = {"anonymous": settings.anonymous, "region": settings.region or "us-east-1",
                      "force_virtual_addressing": not settings.path_style}
     if settings.endpoint:
@@ -91,6 +118,7 @@ def resolve(location: str | Path, config: StorageConfig | None = None
         text = str(location)
         text = text[len("file://"):] if text.startswith("file://") else text
         return pafs.LocalFileSystem(), Path(text).expanduser().resolve().as_posix()
+    config = config or _configured
     scheme = _scheme(str(location))
     path = str(location).split("://", 1)[1].rstrip("/")
     if not path or path.startswith("/"):
@@ -115,11 +143,24 @@ def require_local(location: str | Path, what: str) -> None:
         raise StorageError(f"{what} {location!r} is a URL; this command needs a local path")
 
 
-def join(location: str | Path, *parts: str) -> str:
-    """A child of a location, with `/` whatever the platform (URLs keep their scheme)."""
+def join(location: Location, *parts: str) -> Location:
+    """A child of a location: a Path under a local path, a URL under a URL. A part may be
+    a relative path with `..` (a file of an earlier snapshot), folded here."""
     if is_url(location):
-        return posixpath.join(str(location).rstrip("/"), *parts)
-    return str(Path(location, *parts))
+        scheme, inner = str(location).split("://", 1)
+        return f"{scheme}://{posixpath.normpath(posixpath.join(inner.rstrip('/'), *parts))}"
+    return Path(os.path.normpath(Path(location, *parts)))
+
+
+def relative(location: Location, start: Location) -> str:
+    """`location` relative to `start` (with `..` where it lies beside it), `/`-separated."""
+    inner = (lambda x: str(x).split("://", 1)[1]) if is_url(location) else str
+    return posixpath.relpath(inner(location), inner(start))
+
+
+def name(location: Location) -> str:
+    """The last component (a snapshot's run id)."""
+    return posixpath.basename(str(location).rstrip("/"))
 
 
 def exists(location: str | Path, config: StorageConfig | None = None) -> bool:
@@ -146,9 +187,16 @@ def write_bytes(location: str | Path, data: bytes, config: StorageConfig | None 
     """One object written whole: S3 makes it visible only when the upload completes, so a
     reader sees the old object or the new one, never a part (what rename gives on POSIX)."""
     fs, path = resolve(location, config)
-    fs.create_dir(posixpath.dirname(path), recursive=True)
+    _parent(fs, path)
     with fs.open_output_stream(path) as handle:
         handle.write(data)
+
+
+def _parent(fs: pafs.FileSystem, path: str) -> None:
+    """A local file needs its folder; an object store has none to make (pyarrow would
+    write an empty marker object per `create_dir`)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(posixpath.dirname(path), recursive=True)
 
 
 def write_text(location: str | Path, text: str, config: StorageConfig | None = None) -> None:
@@ -158,18 +206,30 @@ def write_text(location: str | Path, text: str, config: StorageConfig | None = N
 def list_files(location: str | Path, config: StorageConfig | None = None,
                suffixes: Iterable[str] | None = None) -> list[str]:
     """Files under a location (recursively), as locations of the same kind, sorted."""
+    return [found for found, _ in file_sizes(location, config, suffixes)]
+
+
+def file_sizes(location: str | Path, config: StorageConfig | None = None,
+               suffixes: Iterable[str] | None = None) -> list[tuple[str, int]]:
+    """(location, bytes) of the files under a location (recursively), sorted."""
     fs, path = resolve(location, config)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         return []
     if info.type == pafs.FileType.File:
-        found = [path]
+        found = [info]
     else:
         selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
-        found = [i.path for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
+        found = [i for i in fs.get_file_info(selector) if i.type == pafs.FileType.File]
     wanted = {s.lower() for s in suffixes} if suffixes else None
-    found = [p for p in found if wanted is None or posixpath.splitext(p)[1].lower() in wanted]
-    return sorted(_as_location(location, path, p) for p in found)
+    return sorted((_as_location(location, path, i.path), i.size or 0) for i in found
+                  if wanted is None or posixpath.splitext(i.path)[1].lower() in wanted)
+
+
+def key(location: Location, config: StorageConfig | None = None) -> str:
+    """A location's identity for comparing (`x/../y` and `y`, relative and absolute)."""
+    fs, path = resolve(location, config)
+    return f"{type(fs).__name__}:{posixpath.normpath(path)}"
 
 
 def _as_location(location: str | Path, root: str, path: str) -> str:
@@ -178,6 +238,62 @@ def _as_location(location: str | Path, root: str, path: str) -> str:
         return path
     scheme = str(location).split("://", 1)[0]
     return f"{scheme}://{path}"
+
+
+def list_dirs(location: Location, config: StorageConfig | None = None) -> list[Location]:
+    """The folders (prefixes) directly under a location, as locations, sorted."""
+    fs, path = resolve(location, config)
+    selector = pafs.FileSelector(path, recursive=False, allow_not_found=True)
+    found = [i.base_name for i in fs.get_file_info(selector)
+             if i.type == pafs.FileType.Directory]
+    return [join(location, n) for n in sorted(found)]
+
+
+def stamp(location: Location, config: StorageConfig | None = None) -> tuple[int, int] | None:
+    """(mtime in ns, size) of a file, None where it is missing: a cheap change check."""
+    fs, path = resolve(location, config)
+    info = fs.get_file_info(path)
+    if info.type != pafs.FileType.File:
+        return None
+    return info.mtime_ns or 0, info.size or 0
+
+
+def delete_file(location: Location, config: StorageConfig | None = None) -> None:
+    fs, path = resolve(location, config)
+    fs.delete_file(path)
+
+
+def delete_files(locations: Sequence[Location], config: StorageConfig | None = None) -> None:
+    each(lambda f: delete_file(f, config), locations)
+
+
+def each(function: Any, items: Sequence[Any]) -> list[Any]:
+    """`function` over items, IO_THREADS at a time (requests to a store, in order)."""
+    if len(items) <= 1:
+        return [function(i) for i in items]
+    with ThreadPoolExecutor(min(IO_THREADS, len(items))) as pool:
+        return list(pool.map(function, items))
+
+
+def write_parquet(table: pa.Table, location: Location, config: StorageConfig | None = None,
+                  **options: Any) -> None:
+    """One Parquet file (on an object store, visible once complete)."""
+    fs, path = resolve(location, config)
+    _parent(fs, path)
+    pq.write_table(table, path, filesystem=fs, **options)
+
+
+def read_parquet(location: Location, columns: Sequence[str] | None = None,
+                 config: StorageConfig | None = None) -> pa.Table:
+    fs, path = resolve(location, config)
+    return pq.read_table(path, columns=columns, filesystem=fs, partitioning=None)
+
+
+def parquet_rows(location: Location, config: StorageConfig | None = None) -> int:
+    """Rows of one Parquet file, from its footer."""
+    fs, path = resolve(location, config)
+    with fs.open_input_file(path) as handle:
+        return pq.ParquetFile(handle).metadata.num_rows
 
 
 def size(location: str | Path, config: StorageConfig | None = None) -> int:

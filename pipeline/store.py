@@ -1,24 +1,30 @@
 """Snapshots: Parquet tables partitioned by group, a DuckDB catalog, a manifest, `CURRENT`.
 
-Layout of a store:
+Layout of a store (a local folder or an object-store prefix, the same layout in both):
 
     STORE/CURRENT                         the run id of the snapshot readers use
-    STORE/snapshots/<run_id>/<table>/group_id=<g>/part-*.parquet
-    STORE/snapshots/<run_id>/catalog.duckdb   one view per table, plus facts_current
-    STORE/snapshots/<run_id>/manifest.json    tables, row counts, embedding model, summary
+    STORE/snapshots/<run_id>/manifest.json    tables, their files, row counts, embedding model
+    STORE/snapshots/<run_id>/<table>/group_id=<g>/part-*.parquet   files this run wrote
+    STORE/snapshots/<run_id>/lance/           retrieval indexes this run built
+    STORE/snapshots/<run_id>/catalog.duckdb   views over the manifest's files (local stores)
     STORE/work/<run_id>/<stage>/...           stage outputs of a build (resumable)
 
-Readers only follow `CURRENT`, which is switched with an atomic rename after everything else
-is written, so nobody sees a half-built snapshot and a failed build leaves the last good one.
-`publish` is the one writer of snapshots (builds and community refreshes), and every file
-operation of publishing is a function of this module.
+The manifest lists every file of every table, relative to its snapshot: a table carried
+from an earlier run (episodes that grow, tables a community refresh keeps) is listed as
+`../<earlier run>/...`, referenced rather than copied, so a snapshot needs no hard links and
+publishing costs what the run wrote. Readers only follow `CURRENT`, one small object written
+last (a rename on a local disk, a whole-object PUT on S3), then read the manifest it names:
+nobody sees a half-built snapshot and a failed build leaves the last good one. `tkg gc`
+removes only files that no kept manifest lists. `publish` is the one writer of snapshots
+(builds and community refreshes), and every file operation of publishing is a function of
+this module.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import posixpath
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -30,10 +36,10 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from tkg.pipeline import faults, schema, storage, visibility
 from tkg.pipeline.config import QueryConfig
 from tkg.pipeline.index import LANCE_DIR, build_indexes
+from tkg.pipeline.storage import Location
 
 MANIFEST = "manifest.json"
 CATALOG = "catalog.duckdb"
@@ -45,31 +51,29 @@ class StoreError(RuntimeError):
     """The store is missing, empty or unreadable; the message says what to do."""
 
 
-def snapshot_dir(store: Path | str, run_id: str) -> Path:
-    """A snapshot's folder; an object-store URL for a store in object storage (typed Path | str
-    where callers may pass one: `Path("s3://b/x")` would fold the `//`)."""
-    if storage.is_url(store):
-        return storage.join(store, "snapshots", run_id)
-    return Path(store) / "snapshots" / run_id
+def snapshot_dir(store: Location, run_id: str) -> Location:
+    """A snapshot's folder: a Path in a local store, a URL in object storage (a Path would
+    fold `s3://` into `s3:/`)."""
+    return storage.join(store, "snapshots", run_id)
 
 
-def work_dir(store: Path, run_id: str) -> Path:
-    return Path(store) / "work" / run_id
+def work_dir(store: Location, run_id: str) -> Location:
+    return storage.join(store, "work", run_id)
 
 
-def current_run(store: Path | str) -> str | None:
-    if storage.is_url(store):  # one small object, written last (a whole-object PUT)
-        try:
-            return storage.read_text(storage.join(store, "CURRENT")).strip() or None
-        except FileNotFoundError:
-            return None
-    pointer = Path(store) / "CURRENT"
-    if not pointer.is_file():
+def store_of(snapshot: Location) -> Location:
+    """The store a snapshot belongs to."""
+    return storage.join(snapshot, "..", "..")
+
+
+def current_run(store: Location) -> str | None:
+    try:
+        return storage.read_text(storage.join(store, "CURRENT")).strip() or None
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
-    return pointer.read_text().strip() or None
 
 
-def current_snapshot(store: Path | str) -> Path | str:
+def current_snapshot(store: Location) -> Location:
     run_id = current_run(store)
     if run_id is None:
         raise StoreError(
@@ -79,7 +83,7 @@ def current_snapshot(store: Path | str) -> Path | str:
     return snapshot_dir(store, run_id)
 
 
-def write_group_parts(table: pa.Table, table_dir: Path, table_schema: pa.Schema) -> pa.Table:
+def write_group_parts(table: pa.Table, table_dir: Location, table_schema: pa.Schema) -> pa.Table:
     """Write one batch as Parquet parts under `group_id=<g>/`; returns rows per group.
 
     Runs inside Ray tasks for big tables. group_id is validated at ingestion
@@ -88,62 +92,79 @@ def write_group_parts(table: pa.Table, table_dir: Path, table_schema: pa.Schema)
     table = schema.conform(table, table_schema)
     counts = {}
     groups = table["group_id"]
+    parts = []
     for group in sorted(set(groups.to_pylist()), key=lambda g: g or ""):
         mask = pc.is_null(groups) if group is None else pc.equal(groups, group)
         part = table.filter(mask)
-        target = table_dir / f"group_id={group or NO_GROUP}"
-        target.mkdir(parents=True, exist_ok=True)
-        pq.write_table(part, target / f"part-{uuid.uuid4().hex}.parquet", compression="zstd")
+        target = storage.join(table_dir, f"group_id={group or NO_GROUP}",
+                              f"part-{uuid.uuid4().hex}.parquet")
+        parts.append((part, target))
         counts[group] = part.num_rows
+    storage.each(lambda p: storage.write_parquet(p[0], p[1], compression="zstd"), parts)
     return pa.table({"group_id": list(counts), "rows": pa.array(list(counts.values()), pa.int64())})
 
 
-def write_empty(table_dir: Path, table_schema: pa.Schema) -> None:
+def write_empty(table_dir: Location, table_schema: pa.Schema) -> None:
     """Every table has at least one file, so its view exists with its columns when empty."""
-    table_dir.mkdir(parents=True, exist_ok=True)
-    pq.write_table(table_schema.empty_table(), table_dir / EMPTY_PART)
+    storage.write_parquet(table_schema.empty_table(), storage.join(table_dir, EMPTY_PART))
 
 
 def _catalog_config(snapshot: Path) -> dict[str, str]:
     """The snapshot's folder as DuckDB's `file_search_path` (for every cursor of the
-    connection): views name their files relative to it, so a copied or moved snapshot reads
+    connection): views name their files relative to it, so a copied or moved store reads
     its own files, and a catalog opened without it finds none (an error) rather than another
-    snapshot's."""
+    store's."""
     folder = str(Path(snapshot).resolve())
     if "," in folder:  # DuckDB splits the setting on commas
         raise StoreError(f"{folder}: a store path must not contain a comma")
     return {"file_search_path": folder}
 
 
-def _create_views(con: duckdb.DuckDBPyConnection, tables: list[str], root: str = "") -> None:
-    """The catalog's views and macros; `root` prefixes the table folders (none: relative)."""
-    for table in tables:
-        glob = f"{root}/{table}/**/*.parquet" if root else f"{table}/**/*.parquet"
+def _sql_list(files: Sequence[Location]) -> str:
+    return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
+
+
+def _create_views(con: duckdb.DuckDBPyConnection, files: Mapping[str, Sequence[Location]]
+                  ) -> None:
+    """The catalog's views (one per published table, over the files given: relative to the
+    snapshot in a catalog file, URLs in a catalog built at open time) and macros."""
+    for table in schema.PUBLISHED:
         con.execute(f"CREATE VIEW {table} AS SELECT * FROM "
-                    f"read_parquet('{glob}', hive_partitioning = false)")
+                    f"read_parquet({_sql_list(files[table])}, hive_partitioning = false)")
     for statement in CATALOG_MACROS:
         con.execute(statement)
 
 
-def build_catalog(snapshot: Path, tables: list[str]) -> None:
-    """A DuckDB file of views over the snapshot's Parquet (paths relative to the snapshot)."""
-    path = snapshot / CATALOG
+def build_catalog(snapshot: Location, relative: Mapping[str, Sequence[str]] | None = None
+                  ) -> None:
+    """A DuckDB file of views over the manifest's files (paths relative to the snapshot;
+    without them, the files under the snapshot's folders). A snapshot in object storage
+    gets none: `open_catalog` builds one in memory."""
+    if storage.is_url(snapshot):
+        return
+    relative = relative_files(snapshot, {}) if relative is None else relative
+    path = Path(snapshot) / CATALOG
     path.unlink(missing_ok=True)
     with duckdb.connect(str(path), config=_catalog_config(snapshot)) as con:
-        _create_views(con, tables)
+        _create_views(con, relative)
 
 
-def open_catalog(snapshot: Path | str) -> duckdb.DuckDBPyConnection:
+def memory_catalog(snapshot: Location, files: Mapping[str, Sequence[Location]]
+                   ) -> duckdb.DuckDBPyConnection:
+    """An in-memory catalog over files given as locations (object storage through the
+    filesystem registered with DuckDB; the httpfs extension is not needed)."""
+    con = duckdb.connect()
+    storage.register_duckdb(con, snapshot)
+    _create_views(con, files)
+    return con
+
+
+def open_catalog(snapshot: Location) -> duckdb.DuckDBPyConnection:
     """A read-only DuckDB connection on a snapshot's catalog, reading that snapshot's files
-    wherever the snapshot now lies (use this, not `duckdb.connect(CATALOG)`). A snapshot in
-    object storage gets an in-memory catalog built now, over its objects through the
-    filesystem registered with DuckDB (the httpfs extension is not needed)."""
+    wherever the store now lies (use this, not `duckdb.connect(CATALOG)`). A snapshot in
+    object storage gets an in-memory catalog built now from its manifest's file lists."""
     if storage.is_url(snapshot):
-        con = duckdb.connect()
-        storage.register_duckdb(con, snapshot)
-        read_manifest(snapshot)  # a snapshot without one was never completely published
-        _create_views(con, list(schema.PUBLISHED), root=str(snapshot))
-        return con
+        return memory_catalog(snapshot, snapshot_files(snapshot))
     return duckdb.connect(str(Path(snapshot) / CATALOG), read_only=True,
                           config=_catalog_config(snapshot))
 
@@ -174,20 +195,58 @@ CATALOG_MACROS = (
 )
 
 
-def table_files(snapshot: Path, name: str) -> list[str]:
-    """The Parquet files of one published table (all groups), in a stable order."""
-    folder = Path(snapshot) / name
-    return sorted(str(p) for p in folder.rglob("*.parquet")) if folder.is_dir() else []
+def _listed(snapshot: Location, name: str) -> list[Location]:
+    """The Parquet files under a table's own folder (what a run wrote; also how snapshots
+    made without file lists, and work outputs, are read)."""
+    return [storage.join(snapshot, storage.relative(f, snapshot))
+            for f in storage.list_files(storage.join(snapshot, name), suffixes={".parquet"})]
 
 
-def table_rows(snapshot: Path | None, name: str) -> int:
+def _manifest_or_none(snapshot: Location) -> dict[str, Any] | None:
+    try:
+        return read_manifest(snapshot)
+    except StoreError:
+        return None
+
+
+def relative_files(snapshot: Location, manifest: Mapping[str, Any] | None = None
+                   ) -> dict[str, list[str]]:
+    """Every table's files relative to the snapshot, as its manifest lists them (a
+    snapshot written without lists, e.g. by a benchmark, is listed from its folders)."""
+    manifest = _manifest_or_none(snapshot) if manifest is None else manifest
+    listed = (manifest or {}).get("files")
+    if listed is not None:
+        return {name: list(files) for name, files in listed.items()}
+    names = {*schema.PUBLISHED, *(storage.name(d) for d in storage.list_dirs(snapshot))}
+    names.discard(LANCE_DIR)
+    return {name: [storage.relative(f, snapshot) for f in _listed(snapshot, name)]
+            for name in sorted(names)}
+
+
+def snapshot_files(snapshot: Location, manifest: Mapping[str, Any] | None = None
+                   ) -> dict[str, list[Location]]:
+    """Every table's files as locations (some may lie in an earlier snapshot)."""
+    return {name: [storage.join(snapshot, f) for f in files]
+            for name, files in relative_files(snapshot, manifest).items()}
+
+
+def table_files(snapshot: Location, name: str) -> list[Location]:
+    """The Parquet files of one published table (all groups), in a stable order; of a work
+    output folder's table when `snapshot` is a stage folder (no manifest)."""
+    manifest = _manifest_or_none(snapshot)
+    if manifest is None or "files" not in manifest:
+        return _listed(snapshot, name)
+    return [storage.join(snapshot, f) for f in manifest["files"].get(name, [])]
+
+
+def table_rows(snapshot: Location | None, name: str) -> int:
     """Rows of a published table, from the Parquet footers (0 without a snapshot)."""
     if snapshot is None:
         return 0
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in table_files(snapshot, name))
+    return sum(storage.each(storage.parquet_rows, table_files(snapshot, name)))
 
 
-def read_table(snapshot: Path, name: str, table_schema: pa.Schema,
+def read_table(snapshot: Location, name: str, table_schema: pa.Schema,
                columns: Sequence[str] | None = None) -> pa.Table:
     """A published table (all groups) in `table_schema`, or just `columns` of it."""
     if columns is not None:
@@ -195,121 +254,153 @@ def read_table(snapshot: Path, name: str, table_schema: pa.Schema,
     files = table_files(snapshot, name)
     if not files:
         return table_schema.empty_table()
-    return pa.concat_tables([schema.conform(pq.read_table(f, columns=columns,
-                                                          partitioning=None), table_schema)
-                             for f in files])
+    return pa.concat_tables([
+        schema.conform(t, table_schema)
+        for t in storage.each(lambda f: storage.read_parquet(f, columns), files)])
 
 
-def write_table(table: pa.Table, target: Path, table_schema: pa.Schema) -> int:
+def write_table(table: pa.Table, target: Location, table_schema: pa.Schema) -> int:
     """A table written from the driver (rejects, runs, communities of a refresh): by group
     where it has one; returns rows."""
     if table.num_rows and "group_id" in table_schema.names:
         write_group_parts(table, target, table_schema)
     elif table.num_rows:
-        target.mkdir(parents=True, exist_ok=True)
-        pq.write_table(schema.conform(table, table_schema), target / "part-00000.parquet")
+        storage.write_parquet(schema.conform(table, table_schema),
+                              storage.join(target, "part-00000.parquet"))
     write_empty(target, table_schema)
     return table.num_rows
 
 
-def table_names(snapshot: Path) -> list[str]:
+def table_names(snapshot: Location) -> list[str]:
     """The data tables of a snapshot (what a new snapshot may keep from it)."""
-    rebuilt = {"runs", LANCE_DIR}
-    return sorted(p.name for p in Path(snapshot).iterdir() if p.is_dir() and p.name not in rebuilt)
+    return sorted(set(relative_files(snapshot)) - {"runs", LANCE_DIR})
 
 
-def _link(source: Path, target: Path) -> None:
-    """Hard-link a file of an immutable snapshot (copy where links are refused)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
+def _carried(previous: Location, files: Sequence[str]) -> list[str]:
+    """An earlier snapshot's files (relative to it) as seen from a new sibling snapshot;
+    placeholders of empty tables are carried only where the table has no other file."""
+    with_rows = [f for f in files if not f.endswith(EMPTY_PART)] or list(files[:1])
+    return [_rebase(storage.name(previous), f) for f in with_rows]
 
 
-def link_table(previous: Path | None, snapshot: Path, name: str) -> int:
-    """A table's files of the previous snapshot, linked into the new one beside what it
-    already holds (a file of the same name is kept); returns the Parquet rows linked."""
-    if previous is None or not (previous / name).is_dir():
-        return 0
-    rows = 0
-    for source in sorted((previous / name).rglob("*")):
-        target = snapshot / name / source.relative_to(previous / name)
-        if source.is_dir() or target.exists():
-            continue
-        _link(source, target)
-        if source.suffix == ".parquet":
-            rows += pq.ParquetFile(target).metadata.num_rows
-    return rows
+def _rebase(run: str, relative: str) -> str:
+    """`relative` (to snapshot `run`) relative to a sibling snapshot: `../run/...`."""
+    return posixpath.normpath(posixpath.join("..", run, relative))
 
 
-TableWriter = Callable[[Path], int]  # writes one table under the folder given; returns rows
+def _previous_rows(previous: Location, name: str) -> int:
+    """Rows of a previous snapshot's table: its manifest's count, else the footers."""
+    counted = (_manifest_or_none(previous) or {}).get("tables", {}).get(name)
+    return int(counted) if counted is not None else table_rows(previous, name)
+
+
+TableWriter = Callable[[Location], int]  # writes one table under the folder given; returns rows
 
 
 @dataclass
 class Published:
     """What `publish` has written when it asks its caller to describe the snapshot."""
 
-    snapshot: Path
+    snapshot: Location
     rows: dict[str, int]  # per table: written, grown and kept
     retrieval: dict[str, Any]  # index figures per searchable table
     seconds: float  # spent publishing so far
+    files: dict[str, list[str]]  # per table, relative to the snapshot (what the manifest lists)
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """An in-memory catalog over what is written so far (the manifest is not yet)."""
+        files = {name: [storage.join(self.snapshot, f) for f in listed]
+                 for name, listed in self.files.items()}
+        return memory_catalog(self.snapshot, files)
 
 
 Describe = Callable[[Published], tuple[dict[str, Any], pa.Table]]  # -> manifest, runs row
 
 
-def publish(store_dir: Path, run_id: str, tables: Mapping[str, TableWriter], *,
-            previous: Path | None, dim: int, query: QueryConfig, describe: Describe,
+def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter], *,
+            previous: Location | None, dim: int, query: QueryConfig, describe: Describe,
             grown: Sequence[str] = (), kept: Sequence[str] = ()) -> dict[str, Any]:
     """Write snapshot `run_id` and switch CURRENT to it, last: the new `tables`; the
-    previous snapshot's rows of `grown` tables beside the new ones and its `kept` tables
-    whole (linked, their retrieval indexes too); the catalog; the retrieval indexes of the
-    rest; the runs table with the row `describe` returns; its manifest. Returns the
-    manifest. A crash at any step leaves CURRENT where it was (faults: `publish:<step>`)."""
+    previous snapshot's files of `grown` tables listed beside the new ones and of `kept`
+    tables whole (referenced, their retrieval indexes too); the retrieval indexes of the
+    rest; the runs table with the row `describe` returns; the catalog; its manifest with
+    every table's files. Returns the manifest. A crash at any step leaves CURRENT where it
+    was (faults: `publish:<step>`)."""
     started = time.perf_counter()
     snapshot = prepare_snapshot(store_dir, run_id)
-    rows = {name: write(snapshot / name) for name, write in tables.items()}
+    rows = {name: write(storage.join(snapshot, name)) for name, write in tables.items()}
+    files = {name: [storage.relative(f, snapshot) for f in _listed(snapshot, name)]
+             for name in tables}
+    before = relative_files(previous) if previous is not None and (grown or kept) else {}
     for name in (*grown, *kept):
-        rows[name] = rows.get(name, 0) + link_table(previous, snapshot, name)
-    write_empty(snapshot / "runs", schema.RUNS)  # every view of the catalog needs a file
+        if previous is not None and before.get(name):
+            files[name] = _carried(previous, before[name]) + files.get(name, [])
+            rows[name] = rows.get(name, 0) + _previous_rows(previous, name)
     faults.hit("publish", "tables")
-    build_catalog(snapshot, list(schema.PUBLISHED))
-    faults.hit("publish", "catalog")
-    retrieval = _indexes(snapshot, previous, kept, dim, query)
+    retrieval, lance = _indexes(snapshot, previous, kept, dim, query, files)
     faults.hit("publish", "indexes")
-    manifest, run = describe(Published(snapshot, rows, retrieval, time.perf_counter() - started))
-    write_table(pa.concat_tables([previous_runs(store_dir), run]), snapshot / "runs",
-                schema.RUNS)
+    runs_dir = storage.join(snapshot, "runs")
+    write_empty(runs_dir, schema.RUNS)  # the catalog describe may open needs every view
+    files["runs"] = [storage.relative(f, snapshot) for f in _listed(snapshot, "runs")]
+    manifest, run = describe(Published(snapshot, rows, retrieval,
+                                       time.perf_counter() - started, files))
+    write_table(pa.concat_tables([previous_runs(store_dir), run]), runs_dir, schema.RUNS)
+    files["runs"] = [storage.relative(f, snapshot) for f in _listed(snapshot, "runs")]
+    build_catalog(snapshot, files)
+    faults.hit("publish", "catalog")
+    manifest = {**manifest, "files": files, "lance": lance}
     write_manifest(snapshot, manifest)
     faults.hit("before_switch")
     switch_current(store_dir, run_id)
     return manifest
 
 
-def _indexes(snapshot: Path, previous: Path | None, kept: Sequence[str], dim: int,
-             query: QueryConfig) -> dict[str, Any]:
-    """Retrieval indexes of the snapshot; a kept table's are linked from the previous one."""
-    before = (read_manifest(previous).get("retrieval") or {}) if previous and kept else {}
-    reused = {}
-    for name in kept:
-        folder = f"{LANCE_DIR}/{name}.lance"
-        if name in before and (previous / folder).is_dir():
-            link_table(previous, snapshot, folder)
-            reused[name] = before[name]
-    return {**build_indexes(snapshot, dim, query, reused=set(reused)), **reused}
+def _indexes(snapshot: Location, previous: Location | None, kept: Sequence[str], dim: int,
+             query: QueryConfig, files: Mapping[str, Sequence[str]]
+             ) -> tuple[dict[str, Any], dict[str, str]]:
+    """Retrieval indexes of the snapshot, and where each lies (the LanceDB folder, relative
+    to the snapshot): a kept table's are the previous snapshot's, referenced."""
+    old = read_manifest(previous) if previous is not None and kept else {}
+    before, where = old.get("retrieval") or {}, lance_dirs(previous, old) if old else {}
+    reused = {name: before[name] for name in kept if name in before and name in where}
+    lance = {name: _rebase(storage.name(previous), storage.relative(where[name], previous))
+             for name in reused}
+    sources = {name: [storage.join(snapshot, f) for f in listed]
+               for name, listed in files.items()}
+    built = build_indexes(snapshot, dim, query, reused=set(reused), files=sources)
+    lance.update({name: LANCE_DIR for name in built if name != "seconds"})
+    return {**built, **reused}, lance
 
 
-def write_manifest(snapshot: Path, manifest: dict[str, Any]) -> None:
-    tmp = snapshot / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2, default=str, sort_keys=True))
-    os.replace(tmp, snapshot / MANIFEST)
+def lance_dirs(snapshot: Location, manifest: Mapping[str, Any] | None = None
+               ) -> dict[str, Location]:
+    """The LanceDB folder holding each searchable table of a snapshot."""
+    from tkg.pipeline.index import SPECS
+
+    manifest = read_manifest(snapshot) if manifest is None else manifest
+    listed = manifest.get("lance") or {}
+    return {name: storage.join(snapshot, listed.get(name, LANCE_DIR)) for name in SPECS}
 
 
-def switch_current(store: Path, run_id: str) -> None:
-    """Point readers at a snapshot: write-then-rename is atomic on POSIX filesystems."""
-    if not (snapshot_dir(store, run_id) / MANIFEST).is_file():
+def write_manifest(snapshot: Location, manifest: dict[str, Any]) -> None:
+    """Written whole (a local temp file renamed; one PUT on an object store)."""
+    text = json.dumps(manifest, indent=2, default=str, sort_keys=True)
+    if storage.is_url(snapshot):
+        storage.write_text(storage.join(snapshot, MANIFEST), text)
+        return
+    tmp = Path(snapshot) / f".{MANIFEST}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, Path(snapshot) / MANIFEST)
+
+
+def switch_current(store: Location, run_id: str) -> None:
+    """Point readers at a snapshot: write-then-rename on a local disk, one whole-object PUT
+    on an object store (readers see the old object or the new one)."""
+    if not storage.is_file(storage.join(snapshot_dir(store, run_id), MANIFEST)):
         raise StoreError(f"snapshot {run_id} has no manifest; refusing to publish it")
+    if storage.is_url(store):
+        storage.write_text(storage.join(store, "CURRENT"), run_id + "\n")
+        return
     tmp = Path(store) / f".CURRENT.{uuid.uuid4().hex}"
     tmp.write_text(run_id + "\n")
     with open(tmp, "rb") as handle:
@@ -317,42 +408,34 @@ def switch_current(store: Path, run_id: str) -> None:
     os.replace(tmp, Path(store) / "CURRENT")
 
 
-def read_manifest(snapshot: Path | str) -> dict[str, Any]:
-    if storage.is_url(snapshot):
-        try:
-            return json.loads(storage.read_text(storage.join(snapshot, MANIFEST)))
-        except FileNotFoundError as exc:
-            raise StoreError(f"{snapshot} has no {MANIFEST}: it was never completely "
-                             "published") from exc
-    path = snapshot / MANIFEST
-    if not path.is_file():
-        raise StoreError(f"{snapshot} has no {MANIFEST}: it was never completely published")
-    return json.loads(path.read_text())
+def read_manifest(snapshot: Location) -> dict[str, Any]:
+    try:
+        return json.loads(storage.read_text(storage.join(snapshot, MANIFEST)))
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+        raise StoreError(f"{snapshot} has no {MANIFEST}: it was never completely "
+                         "published") from exc
 
 
-def prepare_snapshot(store: Path, run_id: str) -> Path:
+def prepare_snapshot(store: Location, run_id: str) -> Location:
     """An empty folder for a new snapshot; leftovers of a crashed publish are removed."""
     target = snapshot_dir(store, run_id)
-    if (target / MANIFEST).is_file() and current_run(store) == run_id:
+    if current_run(store) == run_id and storage.is_file(storage.join(target, MANIFEST)):
         raise StoreError(f"snapshot {run_id} is already published in {store}; use a new run id")
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
+    storage.delete_dir(target)
+    if not storage.is_url(target):
+        Path(target).mkdir(parents=True)
     return target
 
 
-def previous_runs(store: Path) -> pa.Table:
+def previous_runs(store: Location) -> pa.Table:
     """The runs table of the current snapshot, carried into the next one."""
     run_id = current_run(store)
     if run_id is None:
         return schema.RUNS.empty_table()
-    runs = snapshot_dir(store, run_id) / "runs"
-    if not runs.exists():
-        return schema.RUNS.empty_table()
-    return pq.read_table(runs, schema=schema.RUNS, partitioning=None)
+    return read_table(snapshot_dir(store, run_id), "runs", schema.RUNS)
 
 
-def connect(store: Path | str) -> duckdb.DuckDBPyConnection:
+def connect(store: Location) -> duckdb.DuckDBPyConnection:
     """A read-only DuckDB connection on the current snapshot's catalog."""
     return open_catalog(current_snapshot(store))
 

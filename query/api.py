@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tkg.pipeline import storage
 from tkg.pipeline.config import MAX_RESULTS, EmbedConfig, QueryConfig
 from tkg.query import rerank
 from tkg.query.context import build_context
@@ -140,7 +141,7 @@ class Retriever:
     def __init__(self, store_dir: str | Path, embedder: Any = None,
                  config: QueryConfig | None = None, cross_encoder: Any = None,
                  snapshots: SnapshotHolder[Snapshot] | None = None) -> None:
-        self.store = Path(store_dir)
+        self.store = storage.location(store_dir)  # a local path or an object-store URL
         self._embedder = embedder
         self._config = config
         self._cross_encoder = cross_encoder

@@ -8,7 +8,8 @@ from datetime import date, datetime
 from pathlib import Path
 from typing import Any
 
-from tkg.pipeline import store
+from tkg.pipeline import storage, store
+from tkg.pipeline.storage import Location
 
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"  # edge and entity ids (hashes, prefixed)
 HISTORY_SQL = """
@@ -33,18 +34,25 @@ class Catalog:
     """A snapshot's DuckDB catalog (fact history, entities), opened read-only on first use;
     each query has its own cursor, so threads share one connection."""
 
-    def __init__(self, snapshot: Path) -> None:
-        self.path = Path(snapshot) / store.CATALOG
+    def __init__(self, snapshot: Location) -> None:
+        self.snapshot = snapshot
         self._con: Any = None
         self._lock = threading.Lock()
+
+    def _available(self) -> bool:
+        """A local snapshot has its catalog file; one in object storage gets a catalog
+        built at open time from its manifest's file lists."""
+        if storage.is_url(self.snapshot):
+            return storage.is_file(storage.join(self.snapshot, store.MANIFEST))
+        return (Path(self.snapshot) / store.CATALOG).is_file()
 
     def rows(self, sql: str, params: list[Any]) -> list[dict[str, Any]] | None:
         """The result as JSON-ready dicts (times as ISO strings); None without a catalog."""
         with self._lock:
             if self._con is None:
-                if not self.path.is_file():
+                if not self._available():
                     return None
-                self._con = store.open_catalog(self.path.parent)
+                self._con = store.open_catalog(self.snapshot)
         cursor = self._con.cursor()
         try:
             return json_rows(cursor.execute(sql, params))

@@ -14,9 +14,10 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tkg.pipeline import store
+from tkg.pipeline import storage, store
 from tkg.pipeline.config import QueryConfig
-from tkg.pipeline.index import LANCE_DIR, SPECS, read_published
+from tkg.pipeline.index import SPECS, connect, connect_async, read_published
+from tkg.pipeline.storage import Location
 from tkg.query.catalog import Catalog
 from tkg.query.lexical import TermIndex
 
@@ -44,8 +45,8 @@ class SnapshotHolder(Generic[S]):
     waits for a load; a snapshot that cannot be opened is logged and the old one kept.
     A switch is one reference swap: a caller keeps the snapshot `get` gave it to the end."""
 
-    def __init__(self, store_dir: str | Path, open_run: Callable[[Path], S]) -> None:
-        self.store = Path(store_dir)
+    def __init__(self, store_dir: str | Path, open_run: Callable[[Location], S]) -> None:
+        self.store = storage.location(store_dir)
         self.switches = 0
         self._open_run = open_run
         self._lock = threading.Lock()
@@ -70,7 +71,7 @@ class SnapshotHolder(Generic[S]):
             if self._current is not None and store.current_run(self.store) is None:
                 return False  # CURRENT gone (a store being removed): keep what is open
             path = store.current_snapshot(self.store)
-            if self._current is not None and path.name == self._current.run_id:
+            if self._current is not None and storage.name(path) == self._current.run_id:
                 self._stamp = stamp
                 return False
             opened = self._open_run(path)
@@ -80,9 +81,13 @@ class SnapshotHolder(Generic[S]):
         log.info("now serving snapshot %s", opened.run_id)
         return True
 
-    def _pointer_stamp(self) -> tuple[int, int, int] | None:
+    def _pointer_stamp(self) -> tuple[int, ...] | None:
+        """CURRENT's identity: a stat locally (the inode catches a same-size, same-second
+        rename), one HEAD request on an object store."""
+        if storage.is_url(self.store):
+            return storage.stamp(storage.join(self.store, "CURRENT"))
         try:
-            info = os.stat(self.store / "CURRENT")
+            info = os.stat(Path(self.store) / "CURRENT")
         except FileNotFoundError:
             return None
         return info.st_mtime_ns, info.st_size, info.st_ino
@@ -158,7 +163,7 @@ class Csr:
 @dataclass
 class Snapshot:
     run_id: str
-    path: Path
+    path: Location
     manifest: dict[str, Any]
     kinds: dict[str, Kind]
     groups: dict[str, int]  # group_id -> code
@@ -213,25 +218,26 @@ def snapshot_config(manifest: dict[str, Any]) -> QueryConfig:
         return QueryConfig()
 
 
-def open_snapshot(snapshot: Path, config: QueryConfig | None = None) -> Snapshot:
-    """Open a published snapshot's retrieval tables (they are built at publish); tables
-    whose groups are small enough for an exact in-memory scan keep their vectors, and
-    tables small enough keep BM25 postings (`tkg.query.lexical`)."""
-    import lancedb
+def open_snapshot(snapshot: Location, config: QueryConfig | None = None) -> Snapshot:
+    """Open a published snapshot's retrieval tables (they are built at publish, and may lie
+    in an earlier snapshot that this one kept them from); tables whose groups are small
+    enough for an exact in-memory scan keep their vectors, and tables small enough keep
+    BM25 postings (`tkg.query.lexical`)."""
+    from lancedb.background_loop import LOOP
 
     manifest = store.read_manifest(snapshot)
     config = config or snapshot_config(manifest)
-    lance_dir = snapshot / LANCE_DIR
-    if not lance_dir.is_dir():
+    where = store.lance_dirs(snapshot, manifest)
+    missing = sorted({str(d) for d in where.values() if not storage.exists(d)})
+    if missing:
         raise store.StoreError(
-            f"snapshot {snapshot.name} has no retrieval indexes ({lance_dir} is missing); "
-            "it was published before query indexes existed: rebuild it with `tkg build`")
-    from lancedb.background_loop import LOOP
-
-    db = lancedb.connect(str(lance_dir))
-    adb = LOOP.run(lancedb.connect_async(str(lance_dir)))
+            f"snapshot {storage.name(snapshot)} has no retrieval indexes ({missing[0]} is "
+            "missing); it was published before query indexes existed: rebuild it with "
+            "`tkg build`")
+    dbs = {str(d): (connect(d), LOOP.run(connect_async(d))) for d in where.values()}
     kinds: dict[str, Kind] = {}
     for name in SPECS:
+        db, adb = dbs[str(where[name])]
         table = db.open_table(name)
         rows = table.count_rows()
         indexed = {tuple(i.columns) for i in table.list_indices()} if rows else set()
@@ -263,7 +269,8 @@ def open_snapshot(snapshot: Path, config: QueryConfig | None = None) -> Snapshot
     keep = ends >= 0
     entity_facts = Csr.build(ends[keep], touching[keep], n_entities)
 
-    mentions = read_published(snapshot, "mentions", int(manifest["embedding"]["dim"]))
+    mentions = read_published(snapshot, "mentions", int(manifest["embedding"]["dim"]),
+                              store.snapshot_files(snapshot, manifest).get("mentions"))
     m_episode = _rows_of(mentions["episode_id"], episodes["episode_id"])
     m_entity = _rows_of(mentions["entity_id"], entities["entity_id"])
     keep = (m_episode >= 0) & (m_entity >= 0)

@@ -24,7 +24,7 @@ def empty_store(root: Path, run_id: str = "empty-1", summary: dict | None = None
     snapshot = store.prepare_snapshot(root, run_id)
     for table, table_schema in schema.PUBLISHED.items():
         store.write_empty(snapshot / table, table_schema(384))
-    store.build_catalog(snapshot, list(schema.PUBLISHED))
+    store.build_catalog(snapshot)
     store.write_manifest(snapshot, {"run_id": run_id, "created_at": "2026-01-01T00:00:00+00:00",
                                     "embedding": {"model": "m", "dim": 384},
                                     "summary": summary or {}})

@@ -124,7 +124,7 @@ def test_a_fact_ends_at_its_invalid_at_and_its_successor_begins_there(lance_db, 
     for name, make in schema.PUBLISHED.items():
         store.write_empty(snapshot / name, make(4))
     store.write_group_parts(published, snapshot / "facts", schema.facts(4))
-    store.build_catalog(snapshot, list(schema.PUBLISHED))
+    store.build_catalog(snapshot)
     with store.open_catalog(snapshot) as con:
         def edges(sql: str, *params) -> set[int]:
             return {ids[e] for (e,) in con.execute(sql, list(params)).fetchall()}
