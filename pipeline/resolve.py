@@ -432,3 +432,19 @@ def cluster(pairs: pa.Table) -> pa.Table:
     out = out.with_columns(entity_id=pl.Series(
         [ids[key] for key in out.select("group_id", "root").rows()], dtype=pl.String))
     return schema.conform(out.to_arrow(), ALIAS_MAP)
+
+
+def changed_entities(stored: pa.Table, alias_map: pa.Table) -> set[str]:
+    """Entities whose names differ between a stored snapshot's aliases and a new alias map
+    (both with group_id, normalized, entity_id): new entities, entities that gained or lost
+    a name (a merge, a new spelling) and entities that are gone (merged into another, or
+    renamed when a more complete name became their root). Facts of every other entity have
+    the same endpoints as before."""
+    def names(table: pa.Table) -> dict[str, frozenset[str]]:
+        rows = pl.from_arrow(table.select(["group_id", "normalized", "entity_id"])).unique()
+        grouped = rows.group_by("entity_id").agg(pl.col("normalized"))
+        return {entity: frozenset(found) for entity, found in grouped.iter_rows()}
+
+    before, after = names(stored), names(alias_map)
+    return {entity for entity in before.keys() | after.keys()
+            if before.get(entity) != after.get(entity)}

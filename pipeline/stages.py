@@ -280,8 +280,11 @@ def names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
 
 
 def embed_names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
-    """Vectors of each name node, for the embedding-neighbour blocking of resolution."""
-    return {"name_vectors": embed_column(ctx, inputs["name_nodes"], "name", "name_embedding")}
+    """Vectors of each name node, for the embedding-neighbour blocking of resolution. A name
+    that a stored entity is named by keeps that entity's vector (an entity's name is one
+    of its names' surface forms, so (group, name) is unique among entities)."""
+    return {"name_vectors": embed_changed(ctx, inputs["name_nodes"], "entities", "group_id",
+                                          "name", "name_embedding", what="names")}
 
 
 def _rename(mapping: dict[str, str]) -> Callable[[pa.Table], pa.Table]:
@@ -358,13 +361,11 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
 # --- facts --------------------------------------------------------------------------------
 
 
-def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
-    """Endpoints resolved through the alias map, one edge per (pair, relation) with merged
-    provenance (shuffled by edge), then invalidation per subject (shuffled by subject)."""
+def _edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset) -> Dataset:
+    """Fact mentions -> edges: endpoints resolved through the alias map, one edge per (pair,
+    relation) with merged provenance (shuffled by edge), then invalidation per subject
+    (shuffled by subject) and the optional judge for what the rules left open."""
     config = ctx.config.facts
-    extractions = all_extractions(ctx, inputs["extractions"])
-    mentions = extractions.map_batches(facts.fact_mentions, batch_format="pyarrow")
-    alias_map = inputs["alias_map"]
     with_source = join_alias_map(mentions, alias_map, ctx, "source_normalized", "source_")
     with_both = join_alias_map(with_source, alias_map, ctx, "target_normalized", "target_")
     rows = with_both.map_batches(facts.fact_rows, batch_format="pyarrow", fn_args=(config,))
@@ -372,10 +373,30 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     checked = shuffled(edges, ["group_id", "source_entity_id"], facts.invalidate, ctx, config)
     if (judge := adjudicate.build_invalidation_judge(ctx.config)) is not None:
         checked = adjudicate.judge_invalidations(ctx, checked, judge)  # what rules left open
-    checked = checked.materialize()  # feeds the summaries and the stage output
-    sources = checked.map_batches(facts.summary_sources, batch_format="pyarrow")
-    summaries = shuffled(sources, ["group_id", "entity_id"], facts.entity_summaries, ctx,
-                         config.summary_facts)
+    return checked.materialize()  # feeds the summaries and the stage output
+
+
+def _summaries(ctx: RunContext, edges: Dataset, only: set[str] | None = None) -> Dataset:
+    """Extractive summaries (group_id, entity_id, summary) of every entity, or of `only`."""
+    sources = edges.map_batches(facts.summary_sources, batch_format="pyarrow")
+    if only is not None:
+        sources = sources.map_batches(_in_set("entity_id", only), batch_format="pyarrow")
+    return shuffled(sources, ["group_id", "entity_id"], facts.entity_summaries, ctx,
+                    ctx.config.facts.summary_facts)
+
+
+def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Edges and entity summaries: over every extraction in a first run, over the subjects
+    a later run touched otherwise (`_touched_facts`)."""
+    stored = previous_table(ctx, "facts")
+    if stored is None:
+        mentions = all_extractions(ctx, inputs["extractions"]).map_batches(
+            facts.fact_mentions, batch_format="pyarrow")
+        checked = _edges(ctx, mentions, inputs["alias_map"])
+        summaries = _summaries(ctx, checked)
+    else:
+        checked, summaries = _touched_facts(ctx, inputs["extractions"], inputs["alias_map"],
+                                            stored)
     entities = joined(
         inputs["resolved_entities"].map_batches(lambda b: b.drop_columns(["summary"]),
                                                 batch_format="pyarrow"),
@@ -389,6 +410,104 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
         entities = joined(entities, first, "left_outer", ("entity_id",), ctx).map_batches(
             _first_created, batch_format="pyarrow")
     return {"merged_facts": checked, "entities_summarized": entities}
+
+
+# --- facts of a later run: only what it touched ----------------------------------------------
+
+
+def _on_driver(ds: Dataset | None, columns: list[str]) -> pa.Table:
+    """A few columns of a dataset, on the driver (touched ids and names: the night's size;
+    the name -> entity map: the store's names, a few bytes each)."""
+    rows = None if ds is None else nonempty(ds)
+    if rows is None:
+        return pa.table({c: pa.array([], pa.string()) for c in columns})
+    return pa.concat_tables([ray.get(ref).select(columns) for ref in rows.to_arrow_refs()])
+
+
+def _name_keys(groups: pa.ChunkedArray | pa.Array, names: pa.ChunkedArray | pa.Array
+               ) -> pa.Array:
+    """(group, normalized name) as one string: names are only unique within a group."""
+    return pc.binary_join_element_wise(groups, names, "\x1f")
+
+
+def _in_set(column: str, values: set[str], keep: bool = True,
+            group_column: str | None = None) -> Callable[[pa.Table], pa.Table]:
+    """Rows whose `column` (with `group_column`: the group and it) is in `values`, or, with
+    `keep` false, is not."""
+    value_set = pa.array(sorted(values), pa.string())
+
+    def select(batch: pa.Table) -> pa.Table:
+        if column not in batch.column_names:  # a block without rows or columns
+            return batch
+        keys = (batch[column] if group_column is None
+                else _name_keys(batch[group_column], batch[column]))
+        found = pc.fill_null(pc.is_in(keys, value_set=value_set), False)
+        return batch.filter(found if keep else pc.invert(found))
+
+    return select
+
+
+def _open_versions(batch: pa.Table) -> pa.Table:
+    return batch.filter(pc.is_null(batch["expired_at"]))
+
+
+def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Dataset
+                   ) -> tuple[Dataset, Dataset]:
+    """Edges and summaries where a later run changed something; everything else is the
+    previous snapshot's. Invalidation and merging look at one subject's edges only, so the
+    subjects to recompute are those of this run's facts, entities whose names changed
+    (merges, renames, new entities: `resolve.changed_entities`) and subjects with an edge to
+    a changed entity (its edge id changes); their edges are rebuilt from every mention that
+    has them as subject, earlier runs' included, exactly as a full build would. The open
+    versions of all other subjects are carried, with their transaction time, which tells
+    `versions_stage` what to keep. Summaries are recomputed for the endpoints of edges
+    rebuilt or dropped; the others keep the stored text."""
+    aliases = _on_driver(alias_map, ["group_id", "normalized", "entity_id"])
+    changed = resolve.changed_entities(
+        _on_driver(previous_table(ctx, "entity_aliases"), ["group_id", "normalized",
+                                                           "entity_id"]), aliases)
+    entity_of = dict(zip(_name_keys(aliases["group_id"], aliases["normalized"]).to_pylist(),
+                         aliases["entity_id"].to_pylist(), strict=True))
+
+    def names_of(entities: set[str]) -> set[str]:
+        return {name for name, entity in entity_of.items() if entity in entities}
+
+    def subjects_in(mentions: pa.Table) -> set[str]:
+        keys = _name_keys(mentions["group_id"], mentions["source_normalized"]).to_pylist()
+        return {entity_of[k] for k in keys if k in entity_of}
+
+    new_mentions = new.map_batches(facts.fact_mentions, batch_format="pyarrow").materialize()
+    subjects = subjects_in(_on_driver(new_mentions, ["group_id", "source_normalized"]))
+    subjects |= changed
+    mentions = new_mentions
+    earlier = previous_table(ctx, INTERNAL_EXTRACTIONS)
+    if earlier is not None:
+        old = earlier.map_batches(lambda b: schema.conform(b, schema.EXTRACTIONS),
+                                  batch_format="pyarrow").map_batches(
+            facts.fact_mentions, batch_format="pyarrow").materialize()
+        pointing = old.map_batches(_in_set("target_normalized", names_of(changed),
+                                           group_column="group_id"), batch_format="pyarrow")
+        subjects |= subjects_in(_on_driver(pointing, ["group_id", "source_normalized"]))
+        mentions = new_mentions.union(old.map_batches(
+            _in_set("source_normalized", names_of(subjects), group_column="group_id"),
+            batch_format="pyarrow"))
+    checked = _edges(ctx, mentions, alias_map)
+    carried = stored.map_batches(_open_versions, batch_format="pyarrow").map_batches(
+        _in_set("source_entity_id", subjects, keep=False), batch_format="pyarrow")
+    dropped = stored.map_batches(_open_versions, batch_format="pyarrow").map_batches(
+        _in_set("source_entity_id", subjects), batch_format="pyarrow")
+    touched = set(changed)
+    for rows in (checked, dropped):
+        ends = _on_driver(rows, ["source_entity_id", "target_entity_id"])
+        touched |= set(ends["source_entity_id"].to_pylist())
+        touched |= set(ends["target_entity_id"].to_pylist())
+    ctx.count("facts_subjects_recomputed", len(subjects))
+    merged = checked.union(carried.map_batches(lambda b: schema.conform(b, schema.MERGED_FACTS),
+                                               batch_format="pyarrow")).materialize()
+    kept = previous_table(ctx, "entities").select_columns(
+        ["group_id", "entity_id", "summary"]).map_batches(
+        _in_set("entity_id", touched, keep=False), batch_format="pyarrow")
+    return merged, _summaries(ctx, merged, touched).union(kept)
 
 
 def _no_null_summary(batch: pa.Table) -> pa.Table:
@@ -467,7 +586,7 @@ def _vector_split(vector: str, carried: bool) -> Callable[[pa.Table], pa.Table]:
 
 
 def embed_changed(ctx: RunContext, ds: Dataset, table: str, key: str, text: str,
-                  vector: str) -> Dataset:
+                  vector: str, what: str | None = None) -> Dataset:
     """`embed_column`, for the rows whose (key, text) the previous snapshot's `table` does
     not hold; the others keep their stored vector. A vector is a function of its text, so
     this equals embedding everything, and a night embeds what the night changed (embedding
@@ -481,7 +600,7 @@ def embed_changed(ctx: RunContext, ds: Dataset, table: str, key: str, text: str,
     kept = nonempty(both.map_batches(_vector_split(vector, carried=True),
                                      batch_format="pyarrow"))
     embedded = embed_column(ctx, fresh, text, vector)
-    ctx.count(f"{table}_vectors_carried", kept.count() if kept is not None else 0)
+    ctx.count(f"{what or table}_vectors_carried", kept.count() if kept is not None else 0)
     return embedded if kept is None else embedded.union(kept)
 
 
@@ -512,10 +631,33 @@ def versions_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dat
     stored = previous_table(ctx, "facts")
     if stored is None:
         return {"facts_versioned": inputs["facts"]}
-    both = inputs["facts"].map_batches(_tag("new", ctx.dim), batch_format="pyarrow").union(
-        stored.map_batches(_tag("old", ctx.dim), batch_format="pyarrow"))
-    return {"facts_versioned": shuffled(both, ["edge_id"], facts.version_edges, ctx,
-                                        ctx.created_at)}
+    # Edges the facts stage carried (stored transaction time) keep their stored versions
+    # as they are; only the edges it rebuilt, and stored edges it did not carry (rebuilt,
+    # or gone), meet in the shuffle.
+    carried = set(_on_driver(inputs["facts"].map_batches(_carried(ctx.created_at),
+                                                         batch_format="pyarrow"),
+                             ["edge_id"])["edge_id"].to_pylist())
+    rebuilt = inputs["facts"].map_batches(_carried(ctx.created_at, keep=False),
+                                          batch_format="pyarrow")
+    both = rebuilt.map_batches(_tag("new", ctx.dim), batch_format="pyarrow").union(
+        stored.map_batches(_in_set("edge_id", carried, keep=False), batch_format="pyarrow")
+        .map_batches(_tag("old", ctx.dim), batch_format="pyarrow"))
+    versioned = shuffled(both, ["edge_id"], facts.version_edges, ctx, ctx.created_at)
+    kept = stored.map_batches(_in_set("edge_id", carried), batch_format="pyarrow")
+    return {"facts_versioned": versioned.union(kept)}
+
+
+def _carried(now: datetime, keep: bool = True) -> Callable[[pa.Table], pa.Table]:
+    """Facts stored before this run (carried by the facts stage), or, with `keep` false,
+    those this run built."""
+
+    def select(batch: pa.Table) -> pa.Table:
+        if "created_at" not in batch.column_names:
+            return batch
+        before = pc.fill_null(pc.less(batch["created_at"], pa.scalar(now, schema.TS)), False)
+        return batch.filter(before if keep else pc.invert(before))
+
+    return select
 
 
 def communities_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:

@@ -1,0 +1,147 @@
+"""Incremental runs over tiny deliveries agree with one run over all of them: a re-delivered
+episode makes no new version, a new alias merges two stored entities (their old ids still
+resolve through entity_aliases), a change ends a fact stored three runs earlier, and vectors
+of unchanged names and facts are carried over rather than embedded again.
+
+Four runs into one store, and one run over everything into another; every assertion reads
+the published snapshots through their catalogs.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tkg.pipeline import schema, store
+from tkg.pipeline.build import BuildResult, build
+
+GROUP = "inc"
+
+
+def _message(id_: str, day: str, speaker: str, content: str) -> dict:
+    return {"group_id": GROUP, "id": id_, "kind": "message", "timestamp": f"{day}T10:00:00Z",
+            "conversation_id": f"c-{id_}", "speaker": speaker, "content": content}
+
+
+BERLIN = _message("m1", "2024-01-10", "Alice Chen", "Daniel Okafor lives in Berlin.")
+# Two edits apart ("sofia" / "sophia"), cosine 0.92 with MiniLM: two entities on their own.
+SOFIA = _message("m2", "2024-01-11", "Sofia Moreno", "Sofia Moreno lives in Madrid.")
+SOPHIA = _message("m3", "2024-01-12", "Sophia Moreno", "Thanks, see you at the office.")
+ACME = _message("m4", "2024-02-10", "Alice Chen", "Alice Chen works at Acme.")
+# One edit from each of them: the new name connects the two stored entities.
+SOPIA = _message("m5", "2024-03-10", "Sopia Moreno", "Thanks, see you at the office.")
+PARIS = _message("m6", "2024-06-01", "Alice Chen", "Daniel Okafor moved to Paris.")
+RUNS = ((BERLIN, SOFIA, SOPHIA), (BERLIN, ACME), (SOPIA,), (PARIS,))
+
+
+def _write(folder: Path, records: tuple[dict, ...]) -> str:
+    folder.mkdir(parents=True)
+    (folder / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def runs(ray_session, config, tmp_path_factory) -> tuple[list[BuildResult], BuildResult]:
+    """The four runs into one store, and one run over every distinct episode."""
+    root = tmp_path_factory.mktemp("incremental")
+    parts = [build(config, [_write(root / f"in{i}", records)], root / "store",
+                   run_id=f"run-{i}") for i, records in enumerate(RUNS, start=1)]
+    everything = tuple({r["id"]: r for records in RUNS for r in records}.values())
+    whole = build(config, [_write(root / "all", everything)], root / "whole", run_id="whole")
+    return parts, whole
+
+
+def _rows(snapshot: Path, sql: str) -> list[tuple]:
+    with store.open_catalog(snapshot) as con:
+        return sorted(con.execute(sql).fetchall())
+
+
+def _created(result: BuildResult) -> datetime:
+    run = result.summary["run_id"]
+    folder = Path(result.summary["store"]) / "work" / run
+    return datetime.fromisoformat((folder / "created_at").read_text())
+
+
+def test_parts_give_the_answers_of_one_run(runs):
+    parts, whole = runs
+    last = parts[-1].snapshot
+    for sql in ("SELECT entity_id, name FROM entities",
+                "SELECT alias, entity_id, merged_entity_id FROM entity_aliases",
+                "SELECT edge_id, relation, fact, valid_at, invalid_at, invalidated_by, "
+                "episode_ids FROM facts_current",
+                "SELECT episode_id, entity_id FROM mentions",
+                "SELECT episode_id FROM episodes"):
+        assert _rows(last, sql) == _rows(whole.snapshot, sql), sql
+
+
+def test_a_redelivered_episode_makes_no_new_version(runs):
+    parts, _ = runs
+    assert parts[1].summary["already_ingested"] == 1
+    assert _rows(parts[1].snapshot, "SELECT count(*) FROM episodes") == [(len(RUNS[0]) + 1,)]
+    versions = "SELECT edge_id, version, created_at, expired_at FROM facts"
+    before = set(_rows(parts[0].snapshot, versions))
+    after = _rows(parts[1].snapshot, versions)
+    assert before <= set(after) and {row[1] for row in after} == {1}, after
+
+
+def test_a_new_alias_merges_two_stored_entities(runs):
+    parts, _ = runs
+    moreno = "SELECT DISTINCT entity_id FROM entity_aliases WHERE alias LIKE 'So%a Moreno'"
+    apart = _rows(parts[1].snapshot, moreno)
+    assert len(apart) == 2, apart
+    merged = _rows(parts[2].snapshot, "SELECT alias, entity_id, merged_entity_id FROM "
+                   "entity_aliases WHERE alias LIKE 'So%a Moreno'")
+    assert {row[0] for row in merged} == {"Sofia Moreno", "Sophia Moreno", "Sopia Moreno"}
+    assert len({row[1] for row in merged}) == 1, merged
+    # the ids the two entities had still lead to the one they became
+    assert {(entity,) for entity in (row[2] for row in merged)} >= set(apart)
+    old_ids = {stored for (stored,) in apart}
+    assert old_ids == {schema.stable_id(GROUP, "entity", n)
+                       for n in ("sofia moreno", "sophia moreno")}
+
+
+def test_a_change_ends_a_fact_stored_three_runs_earlier(runs):
+    parts, _ = runs
+    first, last = _created(parts[0]), _created(parts[-1])
+    berlin = _rows(parts[-1].snapshot, """
+        SELECT version, invalid_at, created_at, expired_at FROM entity_history('Berlin')
+        WHERE relation = 'LIVES_IN' AND subject = 'Daniel Okafor'""")
+    assert [row[0] for row in berlin] == [1, 2], berlin
+    assert berlin[0][1] is None and berlin[0][2:] == (first, last)
+    assert berlin[1][1].date().isoformat() == "2024-06-01"
+    assert berlin[1][2:] == (last, None)
+    # runs 2 and 3 left it alone
+    for result in parts[1:3]:
+        assert _rows(result.snapshot, """SELECT version FROM entity_history('Berlin')
+            WHERE relation = 'LIVES_IN'""") == [(1,)]
+
+
+def test_unchanged_texts_keep_their_vectors(runs):
+    parts, whole = runs
+    marker = Path(parts[-1].summary["store"]) / "work" / "run-4" / "embed" / "_SUCCESS.json"
+    counters = json.loads(marker.read_text())["counters"]
+    assert counters.get("facts_vectors_carried", 0) > 0, counters
+    assert counters.get("entities_vectors_carried", 0) > 0, counters
+    for sql in ("SELECT entity_id, name_embedding FROM entities",
+                "SELECT edge_id, fact_embedding FROM facts_current"):
+        got, want = dict(_rows(parts[-1].snapshot, sql)), dict(_rows(whole.snapshot, sql))
+        assert got.keys() == want.keys()
+        for key, vector in got.items():
+            np.testing.assert_allclose(vector, want[key], atol=1e-5)
+
+
+def test_changed_entities_are_those_whose_names_differ():
+    import pyarrow as pa
+    from tkg.pipeline.resolve import changed_entities
+
+    def names(rows: list[tuple[str, str]]) -> pa.Table:
+        return pa.table({"group_id": ["g"] * len(rows), "normalized": [n for n, _ in rows],
+                         "entity_id": [e for _, e in rows]})
+
+    stored = names([("ann", "A"), ("bob", "B"), ("cy", "C"), ("dee", "D")])
+    now = names([("ann", "A"), ("bob", "A"), ("cy", "C"), ("dee", "E"), ("eve", "F")])
+    # A gained bob, B is gone (merged), D was renamed E, F is new; C is as it was
+    assert changed_entities(stored, now) == {"A", "B", "D", "E", "F"}
