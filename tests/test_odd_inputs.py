@@ -136,3 +136,16 @@ def test_unsupported_inputs_are_refused_before_ray_starts(tmp_path):
     for name, line in zip(names, errors, strict=True):
         assert name in line and ".jsonl" in line and ".parquet" in line, line
 
+
+
+def test_a_failing_stage_prints_one_line_and_the_log(ray_session, odd, tmp_path, capfd,
+                                                      monkeypatch):
+    monkeypatch.setenv("TKG_FAULT", "stage_error:window")
+    code, out, err = _build(capfd, odd, "empty.jsonl", tmp_path / "store")
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 2, err
+    assert lines[0].startswith("tkg: error: stage window failed: InjectedError: ")
+    assert "--run-id" not in lines[0]  # the same error on every attempt: resuming cannot help
+    log = Path(lines[1].removeprefix("tkg: log: "))
+    assert "Traceback" in log.read_text() and "Traceback" not in out + err
