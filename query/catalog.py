@@ -30,6 +30,13 @@ ALIASES_SQL = """
     WHERE entity_id = ? AND list_contains(?, group_id) ORDER BY alias"""
 
 
+# The entity a name's own id (what the name was on its own, or an entity it was before a
+# merge) now belongs to: entity_aliases keeps it, so an id stored by a client still resolves.
+MERGED_SQL = """
+    SELECT min(entity_id) AS entity_id FROM entity_aliases
+    WHERE merged_entity_id = ? AND list_contains(?, group_id)"""
+
+
 class Catalog:
     """A snapshot's DuckDB catalog (fact history, entities), opened read-only on first use;
     each query has its own cursor, so threads share one connection."""
@@ -88,10 +95,16 @@ def history(catalog: Catalog, edge_id: str, groups: list[str]) -> list[dict[str,
 
 
 def entity(catalog: Catalog, entity_id: str, groups: list[str]) -> dict[str, Any] | None:
-    """One entity within `groups` with its aliases, or None."""
+    """One entity within `groups` with its aliases, or None. An id the entity had before a
+    merge gives the entity it became (its own `entity_id` says which)."""
     rows = _query(catalog, ENTITY_SQL, [entity_id, groups])
     if not rows:
-        return None
+        merged = _query(catalog, MERGED_SQL, [entity_id, groups])[0]["entity_id"]
+        if merged is None or merged == entity_id:
+            return None
+        rows = _query(catalog, ENTITY_SQL, [merged, groups])
+        if not rows:
+            return None
     found = rows[0]
     found["aliases"] = _query(catalog, ALIASES_SQL, [entity_id, [found["group_id"]]])
     return found
