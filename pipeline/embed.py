@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from pathlib import Path
 from typing import Protocol
@@ -59,6 +60,23 @@ class SentenceTransformerEmbedder:
         self.bfloat16 = config.precision == "bfloat16" or (
             config.precision == "auto" and cpu_has_bf16()
         )
+
+    @staticmethod
+    def config_dim(config: EmbedConfig) -> int | None:
+        """The width from the model folder's files when it is a plain transformer + one
+        pooling mode (+ normalize), so the driver never loads the model to size schemas
+        (loading MiniLM there cost a small build 3-6 s); None for other layouts."""
+        folder = model_path(config.model)
+        try:
+            modules = json.loads((folder / "modules.json").read_text())
+            kinds = {module["type"].rsplit(".", 1)[-1]: module["path"] for module in modules}
+            pooling = json.loads((folder / kinds["Pooling"] / "config.json").read_text())
+        except (OSError, KeyError, ValueError):
+            return None
+        modes = [key for key, on in pooling.items() if key.startswith("pooling_mode") and on]
+        if set(kinds) - {"Transformer", "Pooling", "Normalize"} or len(modes) != 1:
+            return None
+        return int(pooling["word_embedding_dimension"])
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import torch
@@ -181,4 +199,4 @@ def embedding_dim(config: TkgConfig) -> int:
     (`config_dim`: BGE-m3 reads its config file, so a head node without a GPU never loads
     it), else by loading the model once on the driver."""
     config_dim = getattr(EMBEDDERS.factory(config.embed.backend), "config_dim", None)
-    return config_dim(config.embed) if config_dim else build_embedder(config).dim
+    return (config_dim and config_dim(config.embed)) or build_embedder(config).dim
