@@ -26,6 +26,12 @@ VENV_BIN = Path(sys.executable).parent
 # Python workers again.
 WARM_WORKERS = {"RAY_idle_worker_killing_time_threshold_ms": "300000",
                 "RAY_num_workers_soft_limit": "10"}
+# Ray 2.60's ray.init rewrites a loopback address (127.0.0.1:PORT) to the machine's routable
+# IP before connecting (services.resolve_ip_for_localhost), where a node bound to 127.0.0.1
+# does not listen: the driver then retries the GCS forever (the multi-node test's hang in
+# Node._init_gcs_client). This switch, Ray's own for single-machine clusters, makes Ray take
+# the loopback IP as the node's address, so every node, driver and job stays on 127.0.0.1.
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @dataclass
@@ -60,7 +66,7 @@ def ray_head(num_cpus: int = 2, env: dict[str, str] | None = None) -> Iterator[R
     """`ray start --head --block` on 127.0.0.1 with the dashboard, in a short temp dir (Unix
     socket paths must stay under ~100 characters)."""
     temp = tempfile.mkdtemp(prefix="tkgray-", dir="/tmp")
-    base = {**os.environ, **WARM_WORKERS, **(env or {}), "RAY_AUTH_MODE": "token",
+    base = {**os.environ, **WARM_WORKERS, **LOOPBACK, **(env or {}), "RAY_AUTH_MODE": "token",
             "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0",
             "RAY_TMPDIR": temp,  # its address file is not the machine's default one
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
