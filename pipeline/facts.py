@@ -242,10 +242,19 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
 
 
 def _end(edge: dict, when: datetime, cause: str | None) -> None:
-    """End an edge at `when` unless it already ends earlier."""
-    if edge["invalid_at"] is None or when < edge["invalid_at"]:
+    """End an edge at `when` unless it already ends earlier. Of two ends at one instant the
+    stated one (no cause) wins, then the smaller cause id: the first offered would depend on
+    the order a shuffle delivers the subject's edges in (an unclassed fact about the old
+    object is offered the end of each class that held it, and a job and its company record
+    can change in one episode), and runs over parts would disagree with one run."""
+    if edge["invalid_at"] is None or _end_key(when, cause) < _end_key(
+            edge["invalid_at"], edge["invalidated_by"]):
         edge["invalid_at"] = when
         edge["invalidated_by"] = cause
+
+
+def _end_key(when: datetime, cause: str | None) -> tuple[datetime, bool, str]:
+    return when, cause is not None, cause or ""
 
 
 def _scopes(members: list[dict], scoping: list[dict]) -> dict[str, str | None]:
