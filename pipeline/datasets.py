@@ -25,22 +25,26 @@ EMPTY_PART = "part-empty.parquet"  # what every writer of tkg names a file of no
 
 
 @ray.remote
-def _read_file(path: str, config: StorageConfig | None) -> pa.Table:
+def _read_file(path: str, config: StorageConfig | None,
+               columns: Sequence[str] | None = None) -> pa.Table:
     storage.configure(config)  # a worker reads the store the driver was told about
-    return storage.read_parquet(path)
+    return storage.read_parquet(path, columns=columns)
 
 
-def read_parquet_files(files: Sequence[str]) -> MaterializedDataset:
+def read_parquet_files(files: Sequence[str], columns: Sequence[str] | None = None
+                       ) -> MaterializedDataset:
     """One Ray task per file, each file one block, already materialized. Ray Data's
     read_parquet plans a listing and a read operator per call, about a second of fixed cost
     that a build paid some thirty times; the files here are our own part files, each
     written from one block, so a task per file reads them as well. Placeholder files of
     empty tables are left out by name (no footer read per file: on an object store each is
-    a request), one kept when there is nothing else, for its schema."""
+    a request), one kept when there is nothing else, for its schema. `columns`: only
+    these (a table's vectors are most of its bytes)."""
     with_rows = [f for f in files if posixpath.basename(str(f)) != EMPTY_PART]
     chosen = with_rows or list(files[:1])
     config = storage.configured()
-    return ray.data.from_arrow_refs([_read_file.remote(str(f), config) for f in chosen])
+    return ray.data.from_arrow_refs([_read_file.remote(str(f), config, columns)
+                                     for f in chosen])
 
 
 @ray.remote

@@ -31,27 +31,33 @@ from tkg.pipeline.llm.usage import count_llm, take_usage, usage_snapshot, with_u
 from tkg.pipeline.resume import resumable
 
 
-def previous_table(ctx: RunContext, table: str) -> Dataset | None:
-    """A table of the snapshot this run builds on (incremental runs), or None."""
+def previous_table(ctx: RunContext, table: str, columns: list[str] | None = None
+                   ) -> Dataset | None:
+    """A table of the snapshot this run builds on (incremental runs), or None; `columns`:
+    only these."""
     if ctx.previous is None:
         return None
     files = store.table_files(ctx.previous, table)
     if not files:
         return None
-    rows = read_parquet_files(files)
+    rows = read_parquet_files(files, columns)
     ctx.count("previous_rows_read", rows.count())  # what the run costs in the store's size
     return rows
 
 
-def all_extractions(ctx: RunContext, new: Dataset) -> Dataset:
-    """This run's extractions plus those of every earlier run: resolution and facts are
-    recomputed over everything, so several runs over parts agree with one run over all."""
-    previous = previous_table(ctx, INTERNAL_EXTRACTIONS)
+def all_extractions(ctx: RunContext, new: Dataset, columns: list[str]) -> Dataset:
+    """This run's extractions plus those of every earlier run (their `columns`, the rest
+    null): resolution is recomputed over every name, so several runs over parts agree with
+    one run over all."""
+    previous = previous_table(ctx, INTERNAL_EXTRACTIONS, columns)
     return new if previous is None else new.union(previous.map_batches(
         lambda b: schema.conform(b, schema.EXTRACTIONS), batch_format="pyarrow"))
 
 
 INTERNAL_EXTRACTIONS = "_extractions"  # published with each snapshot, not in the catalog
+# What entity resolution and facts read of earlier extractions (not raw LLM output).
+ENTITY_COLUMNS = ["group_id", "episode_id", "valid_at", "entities"]
+FACT_COLUMNS = ["group_id", "episode_id", "valid_at", "facts"]
 
 
 # --- read + validate ------------------------------------------------------------------------
@@ -165,7 +171,7 @@ def window_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
     ctx.count("duplicates", inputs["raw_episodes"].count() - grouped.count())
     episodes = grouped.filter(lambda r: r["reject"] is None).map_batches(
         lambda b: b.drop_columns(["reject"]), batch_format="pyarrow")
-    stored = previous_table(ctx, "episodes")
+    stored = previous_table(ctx, "episodes", ["episode_id"])
     if stored is not None:  # re-ingesting what the store has is a no-op
         episodes = episodes.materialize()  # counted and joined: computed once
         before = episodes.count()
@@ -272,7 +278,7 @@ def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
 
 def names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Name nodes: every surface form that normalizes the same, per group (exact match)."""
-    extractions = all_extractions(ctx, inputs["extractions"])
+    extractions = all_extractions(ctx, inputs["extractions"], ENTITY_COLUMNS)
     mentions = extractions.map_batches(resolve.mention_rows, batch_format="pyarrow")
     nodes = shuffled(mentions, ["group_id", "normalized"], resolve.resolve_entities, ctx,
                      ctx.created_at)
@@ -341,7 +347,7 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
     every_node = nodes.map_batches(resolve.node_pairs, batch_format="pyarrow")
     alias_map = shuffled(pairs.union(every_node), ["group_id"], resolve.cluster, ctx
                          ).materialize()
-    extractions = all_extractions(ctx, inputs["extractions"])
+    extractions = all_extractions(ctx, inputs["extractions"], ENTITY_COLUMNS)
     mentions = extractions.map_batches(resolve.mention_rows, batch_format="pyarrow")
     mapped = join_alias_map(mentions, alias_map, ctx, "normalized")
     by_entity = partitioned(mapped, ["group_id", "entity_id"], ctx)  # one shuffle, two uses
@@ -388,9 +394,9 @@ def _summaries(ctx: RunContext, edges: Dataset, only: set[str] | None = None) ->
 def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Edges and entity summaries: over every extraction in a first run, over the subjects
     a later run touched otherwise (`_touched_facts`)."""
-    stored = previous_table(ctx, "facts")
+    stored = previous_table(ctx, "facts", schema.MERGED_FACTS.names)
     if stored is None:
-        mentions = all_extractions(ctx, inputs["extractions"]).map_batches(
+        mentions = all_extractions(ctx, inputs["extractions"], FACT_COLUMNS).map_batches(
             facts.fact_mentions, batch_format="pyarrow")
         checked = _edges(ctx, mentions, inputs["alias_map"])
         summaries = _summaries(ctx, checked)
@@ -403,7 +409,7 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
         summaries.map_batches(lambda b: b.drop_columns(["group_id"]), batch_format="pyarrow"),
         "left_outer", ("entity_id",), ctx,
     ).map_batches(_no_null_summary, batch_format="pyarrow")
-    stored = previous_table(ctx, "entities")
+    stored = previous_table(ctx, "entities", ["entity_id", "created_at"])
     if stored is not None:  # an entity keeps the transaction time it was first stored at
         first = stored.select_columns(["entity_id", "created_at"]).map_batches(
             _rename({"created_at": "first_created_at"}), batch_format="pyarrow")
@@ -451,6 +457,9 @@ def _open_versions(batch: pa.Table) -> pa.Table:
     return batch.filter(pc.is_null(batch["expired_at"]))
 
 
+NAME_COLUMNS = ["group_id", "normalized", "entity_id"]  # a name's entity
+
+
 def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Dataset
                    ) -> tuple[Dataset, Dataset]:
     """Edges and summaries where a later run changed something; everything else is the
@@ -462,10 +471,9 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
     versions of all other subjects are carried, with their transaction time, which tells
     `versions_stage` what to keep. Summaries are recomputed for the endpoints of edges
     rebuilt or dropped; the others keep the stored text."""
-    aliases = _on_driver(alias_map, ["group_id", "normalized", "entity_id"])
+    aliases = _on_driver(alias_map, NAME_COLUMNS)
     changed = resolve.changed_entities(
-        _on_driver(previous_table(ctx, "entity_aliases"), ["group_id", "normalized",
-                                                           "entity_id"]), aliases)
+        _on_driver(previous_table(ctx, "entity_aliases", NAME_COLUMNS), NAME_COLUMNS), aliases)
     entity_of = dict(zip(_name_keys(aliases["group_id"], aliases["normalized"]).to_pylist(),
                          aliases["entity_id"].to_pylist(), strict=True))
 
@@ -480,7 +488,7 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
     subjects = subjects_in(_on_driver(new_mentions, ["group_id", "source_normalized"]))
     subjects |= changed
     mentions = new_mentions
-    earlier = previous_table(ctx, INTERNAL_EXTRACTIONS)
+    earlier = previous_table(ctx, INTERNAL_EXTRACTIONS, FACT_COLUMNS)
     if earlier is not None:
         old = earlier.map_batches(lambda b: schema.conform(b, schema.EXTRACTIONS),
                                   batch_format="pyarrow").map_batches(
@@ -504,8 +512,7 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
     ctx.count("facts_subjects_recomputed", len(subjects))
     merged = checked.union(carried.map_batches(lambda b: schema.conform(b, schema.MERGED_FACTS),
                                                batch_format="pyarrow")).materialize()
-    kept = previous_table(ctx, "entities").select_columns(
-        ["group_id", "entity_id", "summary"]).map_batches(
+    kept = previous_table(ctx, "entities", ["group_id", "entity_id", "summary"]).map_batches(
         _in_set("entity_id", touched, keep=False), batch_format="pyarrow")
     return merged, _summaries(ctx, merged, touched).union(kept)
 
@@ -591,7 +598,10 @@ def embed_changed(ctx: RunContext, ds: Dataset, table: str, key: str, text: str,
     not hold; the others keep their stored vector. A vector is a function of its text, so
     this equals embedding everything, and a night embeds what the night changed (embedding
     every entity and fact again was 111 s of 165 s for 200 episodes into 19,800)."""
-    stored = previous_table(ctx, table)
+    columns = [key, text, vector]
+    if "expired_at" in schema.PUBLISHED[table](1).names:
+        columns.append("expired_at")  # of versioned tables, the open versions' texts
+    stored = previous_table(ctx, table, columns)
     if stored is None:
         return embed_column(ctx, ds, text, vector)
     old = stored.map_batches(_stored_vectors(key, text, vector), batch_format="pyarrow")
