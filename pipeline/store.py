@@ -61,11 +61,6 @@ def work_dir(store: Location, run_id: str) -> Location:
     return storage.join(store, "work", run_id)
 
 
-def store_of(snapshot: Location) -> Location:
-    """The store a snapshot belongs to."""
-    return storage.join(snapshot, "..", "..")
-
-
 def current_run(store: Location) -> str | None:
     try:
         return storage.read_text(storage.join(store, "CURRENT")).strip() or None
