@@ -20,13 +20,14 @@ from typing import Any
 import numpy as np
 from tkg.pipeline import storage
 from tkg.pipeline.config import MAX_RESULTS, EmbedConfig, QueryConfig
-from tkg.query import rerank
+from tkg.query import link, rerank
 from tkg.query.context import build_context
 from tkg.query.recipes import Part, Recipe, get_recipe
 from tkg.query.search import (
     Filters,
     Hits,
     Scope,
+    allowed_groups,
     bfs,
     bm25,
     cosine,
@@ -40,6 +41,7 @@ from tkg.query.search import (
     start,
     text_spans,
     vectors_of,
+    visible_mask,
     with_labels,
 )
 from tkg.query.snapshot import (
@@ -295,7 +297,8 @@ class OneSearch:
 
     def result(self) -> SearchResult:
         parts = {k: getattr(self.recipe, k) for k in KINDS if getattr(self.recipe, k)}
-        wanted = [(kind, m) for kind, part in parts.items() for m in part.methods if m != "bfs"]
+        wanted = [(kind, m) for kind, part in parts.items() for m in part.methods
+                  if m not in ("bfs", "linked")]
         found = self._candidates(wanted)
         lists: dict[str, list[list[int]]] = {kind: [] for kind in parts}
         scores: dict[str, list[list[float] | None]] = {kind: [] for kind in parts}
@@ -317,6 +320,11 @@ class OneSearch:
                 if "bfs" in part.methods:
                     lists[kind].append(reached.get(kind, []))
                     scores[kind].append(None)  # (ordered by hops and words: no ties)
+        for kind, part in parts.items():
+            if "linked" in part.methods:
+                linked = self._linked(kind)
+                lists[kind].append([r for r, _ in linked])
+                scores[kind].append([s for _, s in linked])
         ranked = {kind: self._rerank(kind, part, lists[kind], scores[kind])[:self.limit]
                   for kind, part in parts.items()}
         return self._hydrate(ranked)
@@ -339,6 +347,30 @@ class OneSearch:
                 ends = np.concatenate([self.snap.fact_src[fused], self.snap.fact_tgt[fused]])
                 seeds += [int(e) for e in ends if e >= 0]
         return list(dict.fromkeys(seeds))
+
+    def _linked(self, kind: str) -> Hits:
+        """The rows tied to the people and things the question names (`tkg.query.link`):
+        episodes a named person spoke or that mention a named entity, facts touching a
+        named entity; by cosine to the query, the recipe's pool of them."""
+        entities, spoken = link.name_index(self.snap).named(
+            self.text, allowed_groups(self.snap, self.scope).tolist())
+        if kind == "episodes":
+            rows = np.asarray(spoken, dtype=np.int64)
+            if entities:
+                rows = np.union1d(rows, self.snap.entity_episodes.of_many(
+                    np.asarray(entities, dtype=np.int64)))
+        elif kind == "facts" and entities:
+            rows = np.unique(self.snap.entity_facts.of_many(np.asarray(entities, np.int64)))
+        else:
+            return []
+        table = self.snap.kinds[kind]
+        if not len(rows) or table.vectors is None:
+            return []
+        rows = rows[visible_mask(self.snap, kind, rows, self.scope)]
+        query = self.vector / (np.linalg.norm(self.vector) or 1.0)
+        similarity = table.vectors[rows] @ query
+        order = np.lexsort((rows, -similarity))[:self.pool]
+        return [(int(rows[i]), float(similarity[i])) for i in order]
 
     def _conversation_entities(self, recent: int = 4) -> list[int]:
         if not self.conversation_id:
@@ -402,7 +434,11 @@ class OneSearch:
         hits = ranked.get("episodes", [])
         if self.recipe.provenance:
             hits = rerank.rrf([[r for r, _ in hits], fact_sources, entity_sources],
-                              self.recipe.rrf_k, self.recipe.provenance_weights)[:self.limit]
+                              self.recipe.rrf_k, self.recipe.provenance_weights)
+        if self.recipe.neighbour_weight:
+            hits = rerank.rrf([[r for r, _ in hits], self._neighbours(hits)], self.recipe.rrf_k,
+                              (1.0, self.recipe.neighbour_weight))
+        hits = hits[:self.limit]
         for (_, score), episode in zip(hits, _rows(
                 snap, "episodes", hits, ("episode_id", "source_id", "content", "valid_at")),
                                        strict=True):
@@ -411,6 +447,21 @@ class OneSearch:
                 content=episode["content"] or "", valid_at=_iso(episode["valid_at"]),
                 score=round(score, 6)))
         return result
+
+    def _neighbours(self, hits: Hits) -> list[int]:
+        """The turns just before and after the top episode hits in their conversation
+        (rows sort by group and time, so a conversation's next turn is the next row)."""
+        meta = self.snap.kinds["episodes"].meta
+        conversation = meta["conversation_id"]
+        found: list[int] = []
+        for row, _ in hits[:self.recipe.neighbour_top]:
+            here = conversation[row].as_py()
+            for other in (row - 1, row + 1):
+                if (0 <= other < meta.num_rows and here is not None
+                        and conversation[other].as_py() == here
+                        and self._visible_episode(other)):
+                    found.append(other)
+        return found
 
     def _visible_episode(self, row: int) -> bool:
         snap = self.snap

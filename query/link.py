@@ -1,0 +1,137 @@
+"""The people and things a question names, linked to the snapshot: entity rows (by name or
+alias) and the speakers of episodes, so a search can bring in what a named person said and
+the episodes that mention a named thing. Matching is on whole words, case-insensitive; a
+person's first name alone links too ("Melanie" -> "Melanie Smith") when it is not also the
+first name of another person of the same groups.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
+MIN_NAME_CHARS = 3  # shorter names ("AI", "Jo") match too many words by accident
+MAX_NAME_WORDS = 6
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words of a text, possessives cut ("Melanie's" -> "melanie")."""
+    return [w.lower().removesuffix("'s") for w in WORD.findall(text)]
+
+
+@dataclass
+class NameIndex:
+    """Per group code: lower-case name (as a word tuple) -> entity rows; speaker name ->
+    episode rows."""
+
+    entities: dict[int, dict[tuple[str, ...], list[int]]] = field(default_factory=dict)
+    speakers: dict[int, dict[tuple[str, ...], np.ndarray]] = field(default_factory=dict)
+
+    def named(self, text: str, groups: Iterable[int]) -> tuple[list[int], list[int]]:
+        """(entity rows, episode rows spoken by a named speaker) for the names in `text`,
+        in the order the question names them."""
+        tokens = words(text)
+        entities: list[int] = []
+        spoken: list[np.ndarray] = []
+        for group in groups:
+            names, speakers = self.entities.get(group, {}), self.speakers.get(group, {})
+            for key in spans(tokens):
+                entities += names.get(key, [])
+                if key in speakers:
+                    spoken.append(speakers[key])
+        rows = np.unique(np.concatenate(spoken)).tolist() if spoken else []
+        return list(dict.fromkeys(entities)), rows
+
+
+def spans(tokens: list[str]) -> list[tuple[str, ...]]:
+    """Every run of up to MAX_NAME_WORDS consecutive words, longest first at each start."""
+    return [tuple(tokens[i:i + n]) for i in range(len(tokens))
+            for n in range(min(MAX_NAME_WORDS, len(tokens) - i), 0, -1)]
+
+
+def name_keys(name: str, person: bool) -> list[tuple[str, ...]]:
+    """The word tuples a name is known by: the whole name, and a person's first name."""
+    key = tuple(words(name))
+    if not key or len(" ".join(key)) < MIN_NAME_CHARS or len(key) > MAX_NAME_WORDS:
+        return []
+    keys = [key]
+    if person and len(key) > 1 and len(key[0]) >= MIN_NAME_CHARS:
+        keys.append(key[:1])
+    return keys
+
+
+def build_index(entity_names: list[str | None], entity_labels: list[list[str] | None],
+                entity_groups: np.ndarray, aliases: dict[int, list[str]],
+                speakers: list[str | None], episode_groups: np.ndarray) -> NameIndex:
+    """A NameIndex from entity names, labels and aliases (by entity row) and the episodes'
+    speakers. A first name shared by two persons of a group links neither."""
+    index = NameIndex()
+    first_names: dict[int, dict[tuple[str, ...], set[int]]] = defaultdict(lambda: defaultdict(set))
+    for row, name in enumerate(entity_names):
+        group = int(entity_groups[row])
+        person = "Person" in (entity_labels[row] or ())
+        for text in [name or "", *aliases.get(row, [])]:
+            for key in name_keys(text, person):
+                if len(key) == 1 and person and len(words(text)) > 1:
+                    first_names[group][key].add(row)
+                else:
+                    index.entities.setdefault(group, {}).setdefault(key, []).append(row)
+    for group, keys in first_names.items():
+        for key, rows in keys.items():
+            if len(rows) == 1 and key not in index.entities.get(group, {}):
+                index.entities.setdefault(group, {})[key] = sorted(rows)
+    by_speaker: dict[int, dict[tuple[str, ...], list[int]]] = defaultdict(lambda: defaultdict(list))
+    for row, speaker in enumerate(speakers):
+        for key in name_keys(speaker or "", person=True):
+            by_speaker[int(episode_groups[row])][key].append(row)
+    index.speakers = {g: {k: np.asarray(v, dtype=np.int64) for k, v in keys.items()}
+                      for g, keys in by_speaker.items()}
+    return index
+
+
+_INDEXES: dict[int, NameIndex] = {}
+_LOCK = threading.Lock()
+
+
+def name_index(snap: object) -> NameIndex:
+    """The snapshot's NameIndex, built once per opened snapshot."""
+    key = id(snap)
+    with _LOCK:
+        found = _INDEXES.get(key)
+    if found is not None:
+        return found
+    entities = snap.kinds["entities"].meta  # type: ignore[attr-defined]
+    episodes = snap.kinds["episodes"].meta  # type: ignore[attr-defined]
+    aliases = snapshot_aliases(snap)
+    index = build_index(
+        entities["name"].to_pylist(), entities["labels"].to_pylist(),
+        snap.group_codes["entities"], aliases,  # type: ignore[attr-defined]
+        episodes["speaker"].to_pylist() if "speaker" in episodes.column_names
+        else [None] * episodes.num_rows,
+        snap.group_codes["episodes"])  # type: ignore[attr-defined]
+    with _LOCK:
+        if len(_INDEXES) > 8:  # snapshots replaced by newer ones
+            _INDEXES.clear()
+        _INDEXES[key] = index
+    return index
+
+
+ALIASES_SQL = "SELECT DISTINCT entity_id, alias FROM entity_aliases WHERE alias IS NOT NULL"
+
+
+def snapshot_aliases(snap: object) -> dict[int, list[str]]:
+    """Entity row -> its aliases (the catalog's entity_aliases); none without a catalog."""
+    found = snap.catalog.rows(ALIASES_SQL, []) or []  # type: ignore[attr-defined]
+    rows = snap.entity_rows  # type: ignore[attr-defined]
+    aliases: dict[int, list[str]] = defaultdict(list)
+    for item in found:
+        row = rows.get(item["entity_id"])
+        if row is not None:
+            aliases[row].append(item["alias"])
+    return aliases

@@ -1,0 +1,59 @@
+"""Linking the people and things a question names (`tkg.query.link`), on the names of the
+sample corpus and through a search on the tiny store."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tkg.query.link import build_index, words
+
+from tests.query_store import build_store
+
+NAMES = ["Daniel Okafor", "Maria Lopez", "Berlin", "Paris", "Maria Chen", "T-17", "AI"]
+LABELS = [["Person"], ["Person"], ["Location"], ["Location"], ["Person"], ["Object"],
+          ["Object"]]
+SPEAKERS = ["Daniel Okafor", "Maria Lopez", "Daniel Okafor", None, "Maria Lopez"]
+
+
+def index():
+    return build_index(NAMES, LABELS, np.zeros(len(NAMES), np.int64), {3: ["City of Light"]},
+                       SPEAKERS, np.zeros(len(SPEAKERS), np.int64))
+
+
+def test_words_cut_possessives():
+    assert words("What are Daniel's hobbies?") == ["what", "are", "daniel", "hobbies"]
+
+
+@pytest.mark.parametrize("question, entities, spoken", [
+    ("Where does Daniel Okafor live?", [0], [0, 2]),
+    ("What did Daniel say about Berlin?", [0, 2], [0, 2]),  # a unique first name links
+    ("Did Maria move?", [], [1, 4]),  # two persons named Maria: no entity, the speaker
+    ("Is the city of light nice?", [3], []),  # an alias, case-insensitive
+    ("Is AI overrated?", [], []),  # names shorter than three letters never link
+    ("Where does Daniela live?", [], []),  # whole words only
+])
+def test_named(question, entities, spoken):
+    assert index().named(question, [0]) == (entities, spoken)
+
+
+def test_other_groups_do_not_link():
+    assert index().named("Where does Daniel Okafor live?", [1]) == ([], [])
+
+
+def test_linked_episodes_in_a_search(tmp_path):
+    from dataclasses import replace
+
+    from tkg.pipeline.config import TkgConfig
+    from tkg.query.api import snapshot_embedder
+    from tkg.query.recipes import Part, get_recipe
+
+    from tkg import query
+
+    embedder = snapshot_embedder({"config": TkgConfig().model_dump(), "embedding": {}})
+    retriever = query.open(build_store(tmp_path / "store", embedder))
+    only_linked = replace(get_recipe("episodes_flat_rrf"), episodes=Part(("linked",), "rrf"))
+    found = retriever.search("Where does Bruno Costa work?", "g1", recipe=only_linked)
+    assert [e.source_id for e in found.episodes] == ["m3"]  # the one episode naming him
+    spoken = retriever.search("What did Ana say?", "g1", recipe=only_linked)
+    assert {e.source_id for e in spoken.episodes} == {"m1", "m2", "m3", "m4"}  # her turns
+    assert retriever.search("Where does Zed work?", "g1", recipe=only_linked).episodes == []
