@@ -133,7 +133,7 @@ def print_bench(figures: dict[str, Any]) -> None:
 
     table = Table(title=f"tkg bench locomo: {figures['samples']} samples, "
                         f"{figures['questions']} questions, {figures['episodes']} episodes, "
-                        (f"build {figures['build_seconds']} s"
+                        + (f"build {figures['build_seconds']} s"
                          if figures["build_seconds"] is not None
                          else f"store {figures['store']} (not rebuilt)"))
     metrics = [f"{m}@{k}" for m in ("recall", "hit") for k in KS]
