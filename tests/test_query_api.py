@@ -38,7 +38,8 @@ def facts(result) -> dict[str, dict]:
 
 def test_json_shape_is_exact(tiny):
     out = tiny.search("Where does Ana Silva live?", ["g1"], limit=5).to_dict()
-    assert list(out) == ["facts", "entities", "communities", "episodes"]
+    assert list(out) == ["facts", "entities", "communities", "episodes", "warnings"]
+    assert out["warnings"] == []
     assert all(list(f) == FACT_KEYS for f in out["facts"])
     assert all(list(e) == ["entity_id", "name", "summary", "score"] for e in out["entities"])
     assert all(list(e) == ["episode_id", "source_id", "content", "valid_at", "score"]
