@@ -1,6 +1,6 @@
 """Synthetic episodes for ``tkg bench build --episodes N``.
 
-Generates input records that follow the input contract (DESIGN section 3): about 70 %
+Generates input records that follow the input contract (README, "Input"): about 70 %
 chat messages, 20 % JSON business records and 10 % short text notes, spread over several
 groups (tenants). Each group has its own cast of people, companies, cities and products
 whose state (employer, city, title, headquarters) evolves over a two-year timeline, so the
@@ -864,7 +864,7 @@ def _generate_group(
 
 
 def generate_episodes(n: int, *, seed: int = 0, groups: int = 3) -> list[dict]:
-    """n input records following DESIGN §3, as dicts ready to be written as JSON Lines.
+    """n input records following the input contract, as dicts ready to be written as JSON Lines.
 
     Records of all groups are interleaved in timestamp order. About 70 % are ``message``,
     20 % ``json`` and 10 % ``text``; the same ``(n, seed, groups)`` always gives the same

@@ -1,4 +1,4 @@
-"""Communities (DESIGN §5.7): label-propagation clusters of each group's entity graph.
+"""Communities: label-propagation clusters of each group's entity graph.
 
 Pure functions on Arrow tables and numpy arrays, one group at a time:
 

@@ -1,4 +1,4 @@
-"""LanceDB tables and indexes of a snapshot, built at publish (DESIGN §5.8, §6).
+"""LanceDB tables and indexes of a snapshot, built at publish.
 
 One LanceDB database per snapshot, under `SNAPSHOT/lance/`, with one table per searchable
 kind: facts (every version: `known_at` needs the expired ones), entities, communities and

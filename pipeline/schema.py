@@ -1,4 +1,4 @@
-"""Arrow schemas of every table: the one source of truth for columns (DESIGN §4).
+"""Arrow schemas of every table: the one source of truth for columns.
 
 Vector columns are fixed-size float32 lists whose width comes from the embedder, so the
 tables that carry one are built by a function of `dim`, never with a hard-coded width.

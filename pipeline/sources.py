@@ -1,4 +1,4 @@
-"""Readers and validation: input files -> episodes, bad records -> rejects (DESIGN §3).
+"""Readers and validation: input files -> episodes, bad records -> rejects.
 
 A record is either an episode or a reject with its file, line and reason: nothing read is
 lost and one bad record never stops a run. Reading is streamed line by line with a bounded

@@ -1,5 +1,5 @@
 """Search methods over one snapshot: cosine (vector index), BM25 (native FTS) and BFS
-(graph expansion), each scoped to the caller's groups and the two timelines (DESIGN §4).
+(graph expansion), each scoped to the caller's groups and the two timelines.
 
 Tenancy is enforced before anything runs: group ids must match the strict group_id pattern
 (anything else is refused, never quoted), and they are the only strings that enter a

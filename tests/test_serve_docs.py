@@ -12,8 +12,6 @@ import sys
 from urllib.parse import urljoin, urlsplit
 
 import pytest
-
-pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient
 from tkg.query import keys as api_keys
 from tkg.query.serve import create_app
