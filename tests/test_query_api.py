@@ -218,7 +218,7 @@ def test_cross_encoder_order_is_pinned(tiny):
         ("Ana Silva works at Initech.", pytest.approx(0.2339, abs=1e-3))]
     assert [e.name for e in result.entities] == [
         "Porto", "Lisbon", "Bruno Costa", "Initech", "Ana Silva"]
-    assert [f.fact for f in fused.facts][0] == "Bruno Costa works at Initech."
+    assert fused.facts[0].fact == "Bruno Costa works at Initech."
 
 
 def test_the_configured_recipe_reaches_search_and_eval(tiny, tmp_path, capsys):
