@@ -197,7 +197,7 @@ def test_cli_search_prints_the_json_object(corpus_build):
                      "--limit", "3", "--json"])
     assert code == 0
     result = json.loads(out.getvalue())
-    assert list(result) == ["facts", "entities", "communities", "episodes"]
+    assert list(result) == ["facts", "entities", "communities", "episodes", "warnings"]
     assert len(result["facts"]) == 3
     assert all(isinstance(e, str) for f in result["facts"] for e in f["episodes"])
     out = io.StringIO()

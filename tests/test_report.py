@@ -54,7 +54,7 @@ def test_report_on_corpus(corpus_build, corpus_db, tmp_path, capsys):
                        ("entities", "SELECT count(*) FROM entities"),
                        ("facts_current", "SELECT count(*) FROM facts_current")):
         assert f'<td>{label}</td><td class="num">{count(sql):,}</td>' in counts
-    assert '<td>acme</td><td class="num">131</td>' in counts  # episodes of acme
+    assert '<td>acme</td><td class="num">141</td>' in counts  # episodes of acme
     stages = section(page, "stages")
     assert all(f"<td>{stage}</td>" in stages for stage in ("extract", "embed", "publish"))
     invalidated = count("SELECT count(*) FROM facts_current WHERE invalid_at IS NOT NULL")
