@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -43,6 +44,53 @@ def model_path(model: str) -> Path:
     return found
 
 
+@dataclass(frozen=True)
+class PlainLayout:
+    """A sentence-transformers folder that is one transformer, one pooling mode and an
+    optional Normalize: what can be read (width) or run (numpy) without loading it."""
+
+    folder: Path
+    transformer: str  # the Transformer module's folder, relative ("" = the folder itself)
+    pooling: str  # "mean", "cls", "max" or "mean_sqrt_len"
+    dim: int
+    normalize: bool
+
+
+def plain_layout(config: EmbedConfig) -> PlainLayout | None:
+    """The folder's `PlainLayout` from modules.json and the pooling config; None for any
+    other layout."""
+    folder = model_path(config.model)
+    try:
+        modules = json.loads((folder / "modules.json").read_text())
+        kinds = {module["type"].rsplit(".", 1)[-1]: module["path"] for module in modules}
+        pooling = json.loads((folder / kinds["Pooling"] / "config.json").read_text())
+    except (OSError, KeyError, ValueError):
+        return None
+    modes = [key for key, on in pooling.items() if key.startswith("pooling_mode") and on]
+    if set(kinds) - {"Transformer", "Pooling", "Normalize"} or len(modes) != 1:
+        return None
+    return PlainLayout(folder=folder, transformer=kinds.get("Transformer", ""),
+                       pooling=modes[0].removeprefix("pooling_mode_").removesuffix("_tokens")
+                       .removesuffix("_token"),
+                       dim=int(pooling["word_embedding_dimension"]),
+                       normalize="Normalize" in kinds)
+
+
+def numpy_embedder(config: EmbedConfig) -> Embedder | None:
+    """sentence-transformers' vectors from numpy (pipeline/minilm_numpy.py) when the model
+    folder is a plain BERT layout with mean or CLS pooling, else None. Loading it costs
+    ~0.3 s against ~4 s for torch + sentence-transformers."""
+    from tkg.pipeline import minilm_numpy
+
+    layout = plain_layout(config) if config.backend == "sentence_transformers" else None
+    if (layout is None or layout.pooling not in ("mean", "cls")
+            or not minilm_numpy.supports(layout.folder, layout.transformer)):
+        return None
+    return minilm_numpy.NumpyBertEncoder(
+        layout.folder / layout.transformer, config.max_seq_length, layout.pooling,
+        normalize=config.normalize or layout.normalize, batch_size=config.batch_size)
+
+
 class SentenceTransformerEmbedder:
     """CPU default: a packaged sentence-transformers model, loaded without network."""
 
@@ -63,20 +111,11 @@ class SentenceTransformerEmbedder:
 
     @staticmethod
     def config_dim(config: EmbedConfig) -> int | None:
-        """The width from the model folder's files when it is a plain transformer + one
-        pooling mode (+ normalize), so the driver never loads the model to size schemas
-        (loading MiniLM there cost a small build 3-6 s); None for other layouts."""
-        folder = model_path(config.model)
-        try:
-            modules = json.loads((folder / "modules.json").read_text())
-            kinds = {module["type"].rsplit(".", 1)[-1]: module["path"] for module in modules}
-            pooling = json.loads((folder / kinds["Pooling"] / "config.json").read_text())
-        except (OSError, KeyError, ValueError):
-            return None
-        modes = [key for key, on in pooling.items() if key.startswith("pooling_mode") and on]
-        if set(kinds) - {"Transformer", "Pooling", "Normalize"} or len(modes) != 1:
-            return None
-        return int(pooling["word_embedding_dimension"])
+        """The width from the model folder's files (`plain_layout`), so the driver never
+        loads the model to size schemas (loading MiniLM there cost a small build 3-6 s);
+        None for other layouts."""
+        layout = plain_layout(config)
+        return layout.dim if layout else None
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import torch
@@ -181,8 +220,9 @@ def to_vector_array(vectors: np.ndarray, dim: int) -> pa.FixedSizeListArray:
 class EmbedColumn:
     """Ray Data UDF: embeds `text_column` of each Arrow batch into `vector_column`."""
 
-    def __init__(self, config: TkgConfig, text_column: str, vector_column: str) -> None:
-        self.embedder = build_embedder(config)
+    def __init__(self, config: TkgConfig, text_column: str, vector_column: str,
+                 embedder: Embedder | None = None) -> None:
+        self.embedder = embedder or build_embedder(config)
         self.text_column = text_column
         self.vector_column = vector_column
 

@@ -12,7 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,13 +20,14 @@ from typing import Any
 import numpy as np
 from tkg.pipeline import storage
 from tkg.pipeline.config import MAX_RESULTS, EmbedConfig, QueryConfig
-from tkg.query import link, rerank
+from tkg.query import link, rerank, timewords
 from tkg.query.context import build_context
 from tkg.query.recipes import Part, Recipe, get_recipe
 from tkg.query.search import (
     Filters,
     Hits,
     Scope,
+    adjacent_turns,
     allowed_groups,
     bfs,
     bm25,
@@ -34,6 +35,7 @@ from tkg.query.search import (
     entities_in_scope,
     exact_cosine,
     exact_spans,
+    latest_episode,
     make_scope,
     memory_bm25,
     neighbours,
@@ -53,6 +55,7 @@ from tkg.query.snapshot import (
 )
 
 KINDS = ("facts", "entities", "communities", "episodes")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 ENTITY_PROVENANCE = 2  # newest episodes cited per top entity
 
 
@@ -118,8 +121,9 @@ _EMBEDDERS_LOCK = threading.Lock()
 
 def snapshot_embedder(manifest: dict[str, Any]) -> Any:
     """The embedder the snapshot was built with (model and dim from its manifest), loaded
-    once per process."""
-    from tkg.pipeline.embed import EMBEDDERS
+    once per process: the numpy encoder where the model's layout allows (the same vectors
+    without importing torch: a cold `tkg search` took 6.1-6.5 s with sentence-transformers)."""
+    from tkg.pipeline.embed import EMBEDDERS, numpy_embedder
 
     embedding = manifest.get("embedding") or {}
     try:
@@ -129,7 +133,8 @@ def snapshot_embedder(manifest: dict[str, Any]) -> Any:
     key = config.model_dump_json()
     with _EMBEDDERS_LOCK:
         if key not in _EMBEDDERS:
-            _EMBEDDERS[key] = EMBEDDERS.build(config.backend, config)
+            _EMBEDDERS[key] = (numpy_embedder(config)
+                               or EMBEDDERS.build(config.backend, config))
     embedder = _EMBEDDERS[key]
     if embedding.get("dim") and int(embedding["dim"]) != int(embedder.dim):
         raise QueryError(f"the snapshot's vectors are {embedding['dim']}-d but {config.model} "
@@ -248,6 +253,7 @@ class OneSearch:
         self.conversation_id = conversation_id
         self._vector: np.ndarray | None = None
         self._groups: set[int] | None = None  # codes of the scope's groups
+        self._named: tuple[list[int], list[int]] | None = None  # (entities, spoken turns)
 
     def _entity_row(self, entity_id: str, what: str) -> int:
         row = self.snap.entity_rows.get(str(entity_id), -1)
@@ -262,23 +268,29 @@ class OneSearch:
             self._vector = self.retriever.embed(self.text)
         return self._vector
 
+    def pool_of(self, kind: str) -> int:
+        """Candidates per method of one kind: its part's own number, else the recipe's."""
+        part = getattr(self.recipe, kind)
+        return max(part.candidates, self.limit) if part and part.candidates else self.pool
+
     def hits(self, kind: str, method: str) -> Any:
         """The LanceDB search of one kind and method (a coroutine)."""
         table = self.snap.kinds[kind]
         if method == "cosine":
-            return cosine(table, self.vector, self.scope, self.pool, self.retriever.config)
-        return bm25(table, self.text, self.scope, self.pool)
+            return cosine(table, self.vector, self.scope, self.pool_of(kind),
+                          self.retriever.config)
+        return bm25(table, self.text, self.scope, self.pool_of(kind))
 
     def _in_memory(self, kind: str, method: str) -> Any:
         """A search that can run in memory (a function of nothing), or None."""
         if method == "cosine":
             spans = exact_spans(self.snap, kind, self.scope, self.retriever.config)
             return None if spans is None else partial(
-                exact_cosine, self.snap, kind, self.vector, self.scope, self.pool,
+                exact_cosine, self.snap, kind, self.vector, self.scope, self.pool_of(kind),
                 self.retriever.config, spans)
         spans = text_spans(self.snap, kind, self.scope)
         return None if spans is None else partial(
-            memory_bm25, self.snap, kind, self.text, self.scope, self.pool, spans)
+            memory_bm25, self.snap, kind, self.text, self.scope, self.pool_of(kind), spans)
 
     def _candidates(self, wanted: list[tuple[str, str]]) -> list[Hits]:
         """Every (kind, method)'s hits: the LanceDB searches start first, then the
@@ -302,9 +314,11 @@ class OneSearch:
         found = self._candidates(wanted)
         lists: dict[str, list[list[int]]] = {kind: [] for kind in parts}
         scores: dict[str, list[list[float] | None]] = {kind: [] for kind in parts}
-        for (kind, _), hits in zip(wanted, found, strict=True):
+        methods: dict[str, list[str]] = {kind: [] for kind in parts}  # of each list
+        for (kind, method), hits in zip(wanted, found, strict=True):
             lists[kind].append([r for r, _ in hits])
             scores[kind].append([s for _, s in hits])
+            methods[kind].append(method)
         if any("bfs" in p.methods for p in parts.values()):
             expansion = bfs(self.snap, self._seeds(lists, scores), self.scope,
                             self.recipe.bfs_hops,
@@ -320,14 +334,95 @@ class OneSearch:
                 if "bfs" in part.methods:
                     lists[kind].append(reached.get(kind, []))
                     scores[kind].append(None)  # (ordered by hops and words: no ties)
+                    methods[kind].append("bfs")
         for kind, part in parts.items():
             if "linked" in part.methods:
                 linked = self._linked(kind)
                 lists[kind].append([r for r, _ in linked])
                 scores[kind].append([s for _, s in linked])
-        ranked = {kind: self._rerank(kind, part, lists[kind], scores[kind])[:self.limit]
-                  for kind, part in parts.items()}
-        return self._hydrate(ranked)
+                methods[kind].append("linked")
+        ranked = {kind: self._rerank(kind, part, lists[kind], scores[kind],
+                                     [part.weight(m) for m in methods[kind]])
+                  for kind, part in parts.items() if kind != "episodes"}
+        if "episodes" in parts:
+            ranked["episodes"] = self._episodes(parts["episodes"], lists["episodes"],
+                                                scores["episodes"], methods["episodes"], ranked)
+        return self._hydrate({kind: hits[:self.limit] for kind, hits in ranked.items()})
+
+    def _episodes(self, part: Part, found: list[list[int]], scores: list[list[float] | None],
+                  methods: list[str], ranked: dict[str, Hits]) -> Hits:
+        """Episodes: each method's hits scored with their neighbouring turns, fused by RRF
+        with the top facts' and entities' sources, weighed by who spoke them and by the
+        times the question names, then the part's reranker."""
+        recipe = self.recipe
+        weights = [part.weight(m) for m in methods]
+        if any(recipe.turn_window):
+            adjacent = adjacent_turns(self.snap, [r for rows in found for r in rows],
+                                      self.scope)
+            for i, values in enumerate(scores):
+                if values is not None:
+                    window = rerank.turn_window(list(zip(found[i], values, strict=True)),
+                                                adjacent, *recipe.turn_window)
+                    found[i], scores[i] = [r for r, _ in window], [v for _, v in window]
+        if recipe.provenance:
+            found += [self._fact_sources(ranked.get("facts", [])[:recipe.provenance_facts]),
+                      [e for row, _ in ranked.get("entities", [])[:self.limit]
+                       for e in self._entity_episodes(row)]]
+            scores += [None, None]
+            weights += list(recipe.provenance_weights)
+        fused = rerank.boost(rerank.rrf(found, recipe.rrf_k, weights, scores=scores),
+                             self._episode_factor())
+        keys = [row for row, _ in fused][:self.pool_of("episodes")]
+        if not keys:
+            return fused
+        return rerank.RERANKERS.build(part.reranker, KindCandidates(self, "episodes", fused,
+                                                                    keys))
+
+    def _fact_sources(self, facts: Hits) -> list[int]:
+        """The source episodes of some facts, fact by fact, each fact's in time order."""
+        return [e for fact in _rows(self.snap, "facts", facts, ("episode_ids",))
+                for e in self._episode_rows(fact["episode_ids"] or [])]
+
+    def _episode_factor(self) -> Any:
+        """Row -> score factor: `other_speaker` for a turn spoken by someone else when the
+        question names speakers, times `time_boost` inside the question's time windows."""
+        recipe = self.recipe
+        spoken: set[int] = set()
+        turns = None
+        if recipe.other_speaker != 1.0:
+            index = link.name_index(self.snap)
+            spoken, turns = set(self.named()[1]), index.turns
+        windows = self._time_windows() if recipe.time_boost != 1.0 else []
+        valid = self.snap.kinds["episodes"].times.get("valid_at_us")
+
+        def factor(row: int) -> float:
+            value = 1.0
+            if spoken and turns is not None and turns[row] and row not in spoken:
+                value *= recipe.other_speaker
+            if windows and valid is not None and any(a <= valid[row] < b for a, b in windows):
+                value *= recipe.time_boost
+            return value
+
+        return factor
+
+    def _time_windows(self) -> list[tuple[int, int]]:
+        """The question's own time words as [start, end) microseconds, counted back from
+        the newest episode the scope sees; none when the caller set a valid-time filter."""
+        f = self.scope.filters
+        if f.valid_from is not None or f.valid_to is not None:
+            return []
+        now = latest_episode(self.snap, self.scope)
+        if now is None:
+            return []
+        moment = datetime.fromtimestamp(now / 1_000_000, UTC)
+        return [(_micros(a), _micros(b)) for a, b in timewords.windows(self.text, moment)]
+
+    def named(self) -> tuple[list[int], list[int]]:
+        """(entity rows, episode rows spoken by a named speaker) the question names."""
+        if self._named is None:
+            self._named = link.name_index(self.snap).named(
+                self.text, allowed_groups(self.snap, self.scope).tolist())
+        return self._named
 
     def _seeds(self, lists: dict[str, list[list[int]]],
                scores: dict[str, list[list[float] | None]]) -> list[int]:
@@ -352,8 +447,7 @@ class OneSearch:
         """The rows tied to the people and things the question names (`tkg.query.link`):
         episodes a named person spoke or that mention a named entity, facts touching a
         named entity; by cosine to the query, the recipe's pool of them."""
-        entities, spoken = link.name_index(self.snap).named(
-            self.text, allowed_groups(self.snap, self.scope).tolist())
+        entities, spoken = self.named()
         if kind == "episodes":
             rows = np.asarray(spoken, dtype=np.int64)
             if entities:
@@ -369,7 +463,7 @@ class OneSearch:
         rows = rows[visible_mask(self.snap, kind, rows, self.scope)]
         query = self.vector / (np.linalg.norm(self.vector) or 1.0)
         similarity = table.vectors[rows] @ query
-        order = np.lexsort((rows, -similarity))[:self.pool]
+        order = np.lexsort((rows, -similarity))[:self.pool_of(kind)]
         return [(int(rows[i]), float(similarity[i])) for i in order]
 
     def _conversation_entities(self, recent: int = 4) -> list[int]:
@@ -388,11 +482,11 @@ class OneSearch:
         return [int(e) for e in self.snap.episode_entities.of_many(newest)]
 
     def _rerank(self, kind: str, part: Part, found: list[list[int]],
-                scores: list[list[float] | None]) -> Hits:
+                scores: list[list[float] | None], weights: list[float] | None = None) -> Hits:
         """RRF over the methods' lists, then the part's reranker (`rerank.RERANKERS`) over
         the recipe's pool of the fused keys."""
-        fused = rerank.rrf(found, self.recipe.rrf_k, scores=scores)
-        keys = [row for row, _ in fused][:self.pool]
+        fused = rerank.rrf(found, self.recipe.rrf_k, weights, scores=scores)
+        keys = [row for row, _ in fused][:self.pool_of(kind)]
         if not keys:
             return fused
         return rerank.RERANKERS.build(part.reranker, KindCandidates(self, kind, fused, keys))
@@ -403,13 +497,11 @@ class OneSearch:
         result = SearchResult(run_id=snap.run_id)
         names = snap.kinds["entities"].meta["name"]
         facts = ranked.get("facts", [])
-        fact_sources: list[int] = []
         for (row, score), fact in zip(facts, _rows(snap, "facts", facts, (
                 "edge_id", "fact", "relation", "valid_at", "invalid_at", "episode_ids")),
                                       strict=True):
             src, tgt = int(snap.fact_src[row]), int(snap.fact_tgt[row])
             cited = self._episode_rows(fact["episode_ids"] or [])
-            fact_sources += cited
             result.facts.append(FactHit(
                 edge_id=fact["edge_id"], fact=fact["fact"], relation=fact["relation"],
                 source=names[src].as_py() if src >= 0 else None,
@@ -417,11 +509,9 @@ class OneSearch:
                 valid_at=_iso(fact["valid_at"]), invalid_at=_iso(fact["invalid_at"]),
                 score=round(score, 6), episodes=[self._episode_source(e) for e in cited]))
         entities = ranked.get("entities", [])
-        entity_sources: list[int] = []
         present = summaries_hold(snap, self.scope)
-        for (row, score), entity in zip(entities, _rows(
+        for (_, score), entity in zip(entities, _rows(
                 snap, "entities", entities, ("entity_id", "name", "summary")), strict=True):
-            entity_sources += self._entity_episodes(row)
             result.entities.append(EntityHit(**{**entity, "summary": entity["summary"]
                                                 if present else None}, score=round(score, 6)))
         communities = ranked.get("communities", [])
@@ -432,13 +522,6 @@ class OneSearch:
                 **community, "summary": community["summary"] if present else None},
                 score=round(score, 6)))
         hits = ranked.get("episodes", [])
-        if self.recipe.provenance:
-            hits = rerank.rrf([[r for r, _ in hits], fact_sources, entity_sources],
-                              self.recipe.rrf_k, self.recipe.provenance_weights)
-        if self.recipe.neighbour_weight:
-            hits = rerank.rrf([[r for r, _ in hits], self._neighbours(hits)], self.recipe.rrf_k,
-                              (1.0, self.recipe.neighbour_weight))
-        hits = hits[:self.limit]
         for (_, score), episode in zip(hits, _rows(
                 snap, "episodes", hits, ("episode_id", "source_id", "content", "valid_at")),
                                        strict=True):
@@ -447,21 +530,6 @@ class OneSearch:
                 content=episode["content"] or "", valid_at=_iso(episode["valid_at"]),
                 score=round(score, 6)))
         return result
-
-    def _neighbours(self, hits: Hits) -> list[int]:
-        """The turns just before and after the top episode hits in their conversation
-        (rows sort by group and time, so a conversation's next turn is the next row)."""
-        meta = self.snap.kinds["episodes"].meta
-        conversation = meta["conversation_id"]
-        found: list[int] = []
-        for row, _ in hits[:self.recipe.neighbour_top]:
-            here = conversation[row].as_py()
-            for other in (row - 1, row + 1):
-                if (0 <= other < meta.num_rows and here is not None
-                        and conversation[other].as_py() == here
-                        and self._visible_episode(other)):
-                    found.append(other)
-        return found
 
     def _visible_episode(self, row: int) -> bool:
         snap = self.snap
@@ -580,6 +648,10 @@ def _rows(snap: Snapshot, kind: str, hits: Hits, columns: tuple[str, ...]
 
     meta = snap.kinds[kind].meta.select(list(columns))
     return meta.take(pa.array([row for row, _ in hits], pa.int64())).to_pylist()
+
+
+def _micros(moment: datetime) -> int:
+    return int((moment - EPOCH) / timedelta(microseconds=1))
 
 
 def _iso(moment: datetime | None) -> str | None:

@@ -1,0 +1,81 @@
+"""The numpy BERT encoder gives sentence-transformers' vectors for the packaged MiniLM, and
+a query with it imports neither torch nor sentence-transformers."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tkg.pipeline.config import EmbedConfig
+from tkg.pipeline.embed import SentenceTransformerEmbedder, numpy_embedder, plain_layout
+
+from tests.query_store import build_store
+
+CORPUS = Path(__file__).parent / "corpus"
+
+
+def real_sentences() -> list[str]:
+    """A dozen corpus texts: messages, the longest documents, two long threads of messages
+    (past max_seq_length and past the model's 512 positions), odd whitespace, an empty text."""
+    messages = [json.loads(line)["content"]
+                for line in (CORPUS / "conversations.jsonl").read_text().splitlines()]
+    documents = sorted((json.loads(line).get("content") or "" for line in
+                        (CORPUS / "documents.jsonl").read_text().splitlines()), key=len)
+    return [*messages[:6], *documents[-2:], " ".join(messages[:20]), " ".join(messages),
+            "  Where does Daniel Okafor live?  ", ""]
+
+
+@pytest.mark.parametrize("max_seq_length", [128, 16])
+def test_numpy_vectors_equal_sentence_transformers(max_seq_length: int) -> None:
+    config = EmbedConfig(precision="float32", max_seq_length=max_seq_length, batch_size=4)
+    texts = real_sentences()
+    encoder = numpy_embedder(config)
+    assert encoder is not None
+    ours = encoder.embed(texts)
+    theirs = SentenceTransformerEmbedder(config).embed(texts)
+    assert ours.shape == theirs.shape == (len(texts), 384) and ours.dtype == np.float32
+    cosines = np.sum(ours * theirs, axis=1)
+    assert cosines.min() > 0.99999, cosines
+    assert np.abs(ours - theirs).max() < 1e-5
+    for long in texts[-4:-2]:  # truncated to max_seq_length, as sentence-transformers does
+        assert len(encoder.tokenizer.encode(long).ids) == max_seq_length
+
+
+def test_layout_of_the_packaged_model() -> None:
+    layout = plain_layout(EmbedConfig())
+    assert layout is not None
+    assert (layout.pooling, layout.dim, layout.normalize, layout.transformer) == (
+        "mean", 384, True, "")
+
+
+def test_a_folder_of_another_layout_has_no_numpy_encoder(tmp_path: Path) -> None:
+    (tmp_path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
+    ]))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": 384, "pooling_mode_mean_tokens": True}))
+    assert plain_layout(EmbedConfig(model=str(tmp_path))) is None
+    assert numpy_embedder(EmbedConfig(model=str(tmp_path))) is None
+
+
+def test_a_cold_query_imports_no_torch(tmp_path: Path) -> None:
+    """A store whose manifest names the packaged MiniLM is queried by a fresh process."""
+    encoder = numpy_embedder(EmbedConfig())
+    root = build_store(tmp_path / "store", encoder)
+    code = (
+        "import sys, tkg.query as q\n"
+        f"r = q.open({str(root)!r})\n"
+        "hits = r.search('Where does Ana live?', 'g1', limit=3)\n"
+        "assert 'Lisbon' in hits.facts[0].fact, hits\n"
+        "print(sorted(m for m in ('torch', 'sentence_transformers', 'transformers')"
+        " if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]"
