@@ -85,12 +85,17 @@ def add_command(benches: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from tkg.jobs.build_output import terminal
+
     logging.getLogger("ray.data").setLevel(logging.WARNING)
-    figures = bench_incremental(args.episodes, args.new, config_path=args.config,
-                                seed=args.seed, groups=args.groups, workdir=args.workdir)
-    if args.json:
-        print(json.dumps(figures))
-    else:
+    # Under --json, whatever Ray's processes write to fd 1 (a raylet warning once came
+    # before the object) goes to stderr: stdout holds the one JSON object.
+    with terminal(None, args.json) as (out, _):
+        figures = bench_incremental(args.episodes, args.new, config_path=args.config,
+                                    seed=args.seed, groups=args.groups, workdir=args.workdir)
+        if args.json:
+            print(json.dumps(figures), file=out)
+    if not args.json:
         print_figures(f"tkg bench incremental: {figures['episodes']:,} + {figures['new']:,} "
                       "episodes", figures)
     return 0

@@ -47,12 +47,18 @@ def _write(folder: Path, records: tuple[dict, ...]) -> str:
 
 @pytest.fixture(scope="module")
 def runs(ray_session, config, tmp_path_factory) -> tuple[list[BuildResult], BuildResult]:
-    """The four runs into one store, and one run over every distinct episode."""
+    """The four runs into one store, and one run over every distinct episode. The runs over
+    parts extract and embed on the driver (a few rows each), the run over everything on
+    actor pools, so the two paths are held to the same answers too."""
     root = tmp_path_factory.mktemp("incremental")
     parts = [build(config, [_write(root / f"in{i}", records)], root / "store",
                    run_id=f"run-{i}") for i, records in enumerate(RUNS, start=1)]
     everything = tuple({r["id"]: r for records in RUNS for r in records}.values())
-    whole = build(config, [_write(root / "all", everything)], root / "whole", run_id="whole")
+    on_actors = config.model_copy(update={
+        "extract": config.extract.model_copy(update={"driver_rows": 0}),
+        "embed": config.embed.model_copy(update={"driver_rows": 0})})
+    whole = build(on_actors, [_write(root / "all", everything)], root / "whole",
+                  run_id="whole")
     return parts, whole
 
 
