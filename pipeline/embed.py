@@ -88,7 +88,8 @@ def numpy_embedder(config: EmbedConfig) -> Embedder | None:
         return None
     return minilm_numpy.NumpyBertEncoder(
         layout.folder / layout.transformer, config.max_seq_length, layout.pooling,
-        normalize=config.normalize or layout.normalize, batch_size=config.batch_size)
+        normalize=config.normalize or layout.normalize, batch_size=config.batch_size,
+        threads=config.threads_per_actor)
 
 
 class SentenceTransformerEmbedder:
@@ -202,6 +203,19 @@ EMBEDDERS.register("synthetic", "tkg.pipeline.synthetic_embed:synthetic_embedder
 
 def build_embedder(config: TkgConfig) -> Embedder:
     return EMBEDDERS.build(config.embed.backend, config.embed)
+
+
+_SHARED: dict[str, Embedder] = {}
+
+
+def shared_embedder(config: TkgConfig) -> Embedder:
+    """One embedder per process and embed config: the driver's extractor (its relation
+    classifier) and the driver's embedding of small columns load the model once (5 s
+    each on the loaded 2-core machine)."""
+    key = config.embed.model_dump_json()
+    if key not in _SHARED:
+        _SHARED[key] = build_embedder(config)
+    return _SHARED[key]
 
 
 def embed_unique(embedder: Embedder, texts: list[str]) -> np.ndarray:
