@@ -76,9 +76,9 @@ class SpacyExtractor:
     def _embed(self, texts: list[str]):
         """The build's embedder, loaded on the first relation phrase no synonym covers."""
         if self._embedder is None:
-            from tkg.pipeline.embed import build_embedder
+            from tkg.pipeline.embed import shared_embedder
 
-            self._embedder = build_embedder(self.config)
+            self._embedder = shared_embedder(self.config)
         return self._embedder.embed(texts)
 
     def extract(self, episodes: list[EpisodeInput]) -> list[Extraction]:
