@@ -317,14 +317,27 @@ def version_edges(rows: pa.Table, now: datetime) -> pa.Table:
     """This run's facts (`side` = new) against every stored version (`side` = old), any
     number of edges -> all versions. Nothing is updated in place but `expired_at` of a
     version the store stops believing."""
+    # Vectors stay in Arrow, taken by row position: as Python lists they were most of
+    # the time (0.7 s for 6,900 rows of 384 floats at 10,000 + 200 episodes).
+    vectors = [c for c in rows.column_names if c.endswith("_embedding")]
+    slim = rows.drop_columns(vectors).append_column(
+        ROW, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     by_edge: dict[str, dict[str, list[dict]]] = {}
-    for row in rows.to_pylist():
+    for row in slim.to_pylist():
         by_edge.setdefault(row["edge_id"], {"new": [], "old": []})[row.pop("side")].append(row)
     out: list[dict] = []
     for _, sides in sorted(by_edge.items()):
         out += version_edge(sides["old"], (sides["new"] or [None])[0], now)
-    return pa.Table.from_pylist(out, schema=rows.schema.remove(rows.schema.get_field_index(
-        "side")))
+    versions = pa.Table.from_pylist(out, schema=slim.schema.remove(
+        slim.schema.get_field_index("side")))
+    taken = rows.select(vectors).take(versions[ROW])
+    for name in vectors:
+        versions = versions.append_column(name, taken[name])
+    result = rows.schema.remove(rows.schema.get_field_index("side"))
+    return versions.select(result.names).cast(result)
+
+
+ROW = "_row"  # a version's source row in version_edges' input
 
 
 def version_edge(stored: list[dict], current: dict | None, now: datetime) -> list[dict]:

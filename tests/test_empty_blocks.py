@@ -13,8 +13,9 @@ import pytest
 KEYED = pa.schema([("group_id", pa.string()), ("key", pa.string()), ("value", pa.int64())])
 
 
-@pytest.fixture(scope="module")
-def ctx(ray_session, config, tmp_path_factory):
+@pytest.fixture(scope="module", params=[0, 256], ids=["ray", "driver"])
+def ctx(request, ray_session, config, tmp_path_factory):
+    """Shuffles and joins on Ray Data (ray.driver_mb 0) and in the driver (small inputs)."""
     import sys
 
     from ray import cloudpickle
@@ -22,6 +23,8 @@ def ctx(ray_session, config, tmp_path_factory):
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import tests
 
+    config = config.model_copy(update={
+        "ray": config.ray.model_copy(update={"driver_mb": request.param})})
     return RunContext(config=config, run_id="empty-blocks", created_at=datetime.now(UTC),
                       files=[], work_dir=tmp_path_factory.mktemp("work"), dim=4, cpus=2)
 
