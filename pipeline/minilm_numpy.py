@@ -23,10 +23,18 @@ _ERF_A = tuple(np.float32(a) for a in
                (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592))
 
 
-def _gelu(x: np.ndarray) -> np.ndarray:
-    """BERT's exact gelu, x (1 + erf(x / sqrt 2)) / 2 = (x + |x| - |x| tail) / 2 with
-    tail = 1 - erf(|x| / sqrt 2), in place where it can be: this is a layer's widest
-    array (written with np.where and temporaries it took 40% of a batch's time)."""
+def _gelu(x: np.ndarray, rows: int = 64) -> np.ndarray:
+    """BERT's exact gelu, x (1 + erf(x / sqrt 2)) / 2, in place, in blocks of `rows` rows
+    whose ~20 passes stay in cache (a 1,024 x 1,536 batch: 4.5 ms in blocks of 64 rows,
+    11.4 ms at once; gelu had been 40% of the encoder's time)."""
+    for start in range(0, x.shape[0], rows):
+        _gelu_block(x[start:start + rows])
+    return x
+
+
+def _gelu_block(x: np.ndarray) -> None:
+    """x (1 + erf(x / sqrt 2)) / 2 = (x + |x| - |x| tail) / 2 with tail = 1 - erf(|x| /
+    sqrt 2) = poly(t) exp(-x^2 / 2), t = 1 / (1 + p |x| / sqrt 2)."""
     magnitude = np.abs(x)
     t = magnitude * (_ERF_P * np.float32(0.7071067811865476))
     t += 1.0
@@ -35,15 +43,14 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     for a in _ERF_A[1:]:
         tail += a
         tail *= t
-    gauss = magnitude * magnitude
-    gauss *= np.float32(-0.5)
-    np.exp(gauss, out=gauss)
-    tail *= gauss
+    np.multiply(magnitude, np.float32(-0.5), out=t)
+    t *= magnitude
+    np.exp(t, out=t)
+    tail *= t
     tail *= magnitude
-    out = x + magnitude
-    out -= tail
-    out *= np.float32(0.5)
-    return out
+    x += magnitude
+    x -= tail
+    x *= np.float32(0.5)
 
 
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
@@ -52,6 +59,11 @@ def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray,
     centred = x - mean
     var = np.mean(centred * centred, axis=-1, keepdims=True)
     return centred / np.sqrt(var + np.float32(eps)) * weight + bias
+
+# Tokens per batch (texts x the longest's length): on 1 thread the demo's 812 texts took
+# 4.0 s at 1,024 tokens, 4.4 s at 512, 4.6 s at 2,048, 6.0 s at 8,192, and 11.9 s in
+# batches of 128 texts, whose attention scores (128 x 12 x 128 x 128) fall out of cache.
+BATCH_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -105,10 +117,11 @@ class NumpyBertEncoder:
         self._blas = ThreadpoolController()
         limit = min(max_seq_length, int(config.get("max_position_embeddings", 512)))
         self.tokenizer = Tokenizer.from_file(str(root / "tokenizer.json"))
-        # The file's own settings (fixed padding to 128) are replaced by the model's limit
-        # and padding to the longest text of a batch, as sentence-transformers tokenizes.
+        # The file's own settings (fixed padding to 128) are replaced by the model's limit;
+        # `embed` pads each batch to its longest text, as sentence-transformers does.
         self.tokenizer.enable_truncation(max_length=limit)
-        self.tokenizer.enable_padding(pad_id=int(config.get("pad_token_id", 0)))
+        self.tokenizer.no_padding()
+        self.pad_id = int(config.get("pad_token_id", 0))
         self._load(load_file(str(root / "model.safetensors")), int(config["num_hidden_layers"]))
         self.dim = int(self.word.shape[1])
 
@@ -146,20 +159,28 @@ class NumpyBertEncoder:
             ))
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        """(len(texts), dim) float32; texts sorted by length into batches, as
-        sentence-transformers does, so that little padding is computed."""
+        """(len(texts), dim) float32. Texts are tokenized once, sorted by length and cut
+        into batches of about `BATCH_TOKENS` tokens (with padding), so that little padding
+        is computed and a batch's arrays stay in cache."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        encodings = self.tokenizer.encode_batch([text.strip() for text in texts])
+        order = sorted(range(len(texts)), key=lambda i: -len(encodings[i].ids))
         with self._blas.limit(limits=self.threads, user_api="blas"):
-            for start in range(0, len(order), self.batch_size):
-                rows = order[start:start + self.batch_size]
-                out[rows] = self._encode_batch([texts[i].strip() for i in rows])
+            start = 0
+            while start < len(order):
+                longest = max(len(encodings[order[start]].ids), 1)
+                size = min(self.batch_size, max(BATCH_TOKENS // longest, 1))
+                rows = order[start:start + size]
+                out[rows] = self._encode_batch([encodings[i].ids for i in rows], longest)
+                start += size
         return out
 
-    def _encode_batch(self, texts: list[str]) -> np.ndarray:
-        encodings = self.tokenizer.encode_batch(texts)
-        ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.float32)
+    def _encode_batch(self, token_ids: list[list[int]], length: int) -> np.ndarray:
+        ids = np.full((len(token_ids), length), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(token_ids), length), dtype=np.float32)
+        for row, tokens in enumerate(token_ids):
+            ids[row, :len(tokens)] = tokens
+            mask[row, :len(tokens)] = 1.0
         hidden = self._forward(ids, mask)
         if self.pooling == "cls":
             pooled = hidden[:, 0]
