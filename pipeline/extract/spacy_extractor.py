@@ -10,15 +10,19 @@ JSON records go through the shared record mapping instead (`records.py`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from spacy.tokens import Doc, Span, Token
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
 from tkg.pipeline.extract.dates import marks_end, resolve_date
 from tkg.pipeline.extract.records import extract_record
 from tkg.pipeline.facts import RelationClassifier, relation_class
+
+if TYPE_CHECKING:  # spaCy itself is imported by `load_spacy`
+    from spacy.tokens import Doc, Span, Token
 
 NER_LABELS = {
     "PERSON": "Person", "ORG": "Organization", "GPE": "Location", "LOC": "Location",
@@ -45,12 +49,27 @@ MODIFIER_DEPS = {"det", "poss", "amod", "compound", "nummod", "case", "quantmod"
 VERB_DEPS = {"aux", "auxpass", "neg", "prt"}
 
 
+def _import_spacy():
+    """spaCy, imported with `import torch` refused while thinc (its ML library) probes for
+    it: the CNN pipelines run on numpy, and that probe cost each process that loads spaCy
+    ~1 s of its 1.5 s import (the embedders import torch themselves where they need it)."""
+    if "torch" in sys.modules or "spacy" in sys.modules:
+        import spacy
+
+        return spacy
+    sys.modules["torch"] = None  # type: ignore[assignment]  # import torch -> ImportError
+    try:
+        import spacy
+    finally:
+        del sys.modules["torch"]
+    return spacy
+
+
 def load_spacy(model: str):
     """Load a spaCy pipeline from an installed package (offline), keeping what we use."""
     import importlib
 
-    import spacy
-
+    spacy = _import_spacy()
     try:
         module = importlib.import_module(model)
         return module.load()
