@@ -37,7 +37,11 @@ SUCCESS = "_SUCCESS.json"  # the runner's marker of a finished stage
 @contextlib.contextmanager
 def terminal(log_path: Path | None, json_mode: bool) -> Iterator[tuple[IO[str], IO[str]]]:
     """(stdout, stderr) of the terminal for tkg's own lines. Inside the block, fds 1 and 2
-    write to `log_path` when given; else, under --json, fd 1 writes to stderr."""
+    write to `log_path` when given; else, under --json, fd 1 writes to stderr. Under
+    --json, stdout is the yielded stream's alone until the process exits: after the block
+    fd 1 and sys.stdout stay on stderr, since Ray's driver prints raylet warnings ("N
+    PYTHON worker processes have been started ...") on sys.stdout from a thread of its
+    own, whatever log_to_driver says, until Ray shuts down at exit."""
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
@@ -60,8 +64,10 @@ def terminal(log_path: Path | None, json_mode: bool) -> Iterator[tuple[IO[str], 
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.dup2(saved[0], 1)
+        os.dup2(saved[1] if json_mode else saved[0], 1)
         os.dup2(saved[1], 2)
+        if json_mode:
+            sys.stdout = sys.stderr
         for stream in (out, err, log):
             if stream is not None:
                 stream.close()

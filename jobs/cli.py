@@ -97,9 +97,9 @@ def cmd_build(args: argparse.Namespace) -> int:
             if log_path is not None:
                 print(f"tkg: log: {log_path}", file=err)
             return 1
-    if args.json:
-        print(json.dumps(result.summary, default=str))
-        return 0
+        if args.json:  # on the terminal's stdout, which carries nothing else
+            print(json.dumps(result.summary, default=str), file=out)
+            return 0
     reasons = build_output.reject_reasons(result.snapshot, run_id)
     print_summary(result.summary, f"tkg build {run_id}", stage_seconds=False,
                   first=build_output.accepted_line(result.summary, reasons))
@@ -155,7 +155,8 @@ def cmd_bench_build(args: argparse.Namespace) -> int:
     from tkg.jobs.bench import bench_build
 
     figures = bench_build(args.episodes, config_path=args.config, seed=args.seed,
-                          groups=args.groups, workdir=args.workdir)
+                          groups=args.groups, workdir=args.workdir, store=args.store,
+                          s3_server=args.s3_server)
     if args.json:
         print(json.dumps(figures, default=str))
     else:
@@ -255,6 +256,11 @@ def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     bench_build.add_argument("--seed", type=int, default=0)
     bench_build.add_argument("--config", default=None)
     bench_build.add_argument("--workdir", default=None, help="keep inputs and store here")
+    bench_build.add_argument(
+        "--store", default=None, help="build into this store; an s3:// URL also builds the "
+        "same input into a local folder first and prints both wall times and their ratio")
+    bench_build.add_argument("--s3-server", action="store_true",
+                             help="start moto's S3 server on 127.0.0.1 for --store s3://...")
     bench_build.add_argument("--json", action="store_true")
     bench_build.set_defaults(fn=cmd_bench_build)
 

@@ -73,9 +73,7 @@ def _quiet(out: str, err: str) -> None:
      {"episodes": 0, "entities": 0, "facts": 0, "rejects": 0}),
     ("rejected.jsonl", "0 accepted, 3 rejected: malformed JSON (3)",
      {"episodes": 0, "entities": 0, "facts": 0, "rejects": 3}),
-    ("no_entities.jsonl", "1 accepted, 0 rejected",
-     {"episodes": 1, "entities": 0, "facts": 0, "mentions": 0, "communities": 0}),
-])
+])  # (the input with no entities is the --json build's, below: one build less)
 def test_odd_input_builds_an_ordinary_snapshot(ray_session, odd, tmp_path, capfd, name,
                                                accepted, tables):
     code, out, err = _build(capfd, odd, name, tmp_path / "store")
@@ -96,6 +94,7 @@ def test_incremental_run_with_no_new_facts(ray_session, odd, tmp_path, capfd):
     assert first["episodes"] == 1 and first["facts"] == 1
     code, out, err = _build(capfd, odd, "no_facts.jsonl", store)
     assert code == 0, err
+    assert "1 accepted, 0 rejected" in out
     _quiet(out, err)
     second = _tables(store)
     assert second["episodes"] == 2
@@ -103,15 +102,20 @@ def test_incremental_run_with_no_new_facts(ray_session, odd, tmp_path, capfd):
 
 
 def test_build_json_prints_exactly_one_object(odd, tmp_path):
+    """Also the odd input whose one record yields no entities: an ordinary snapshot."""
     done = subprocess.run(
         [sys.executable, "-m", "tkg.jobs.cli", "build", "--config", str(odd / "config.yaml"),
-         "--input", str(odd / "rejected.jsonl"), "--store", str(tmp_path / "store"), "--json"],
+         "--input", str(odd / "no_entities.jsonl"), "--store", str(tmp_path / "store"),
+         "--json"],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)  # the whole of stdout, nothing before or after
     assert isinstance(summary, dict)
-    assert (summary["episodes_in"], summary["episodes_ok"], summary["rejected"]) == (3, 0, 3)
+    assert (summary["episodes_in"], summary["episodes_ok"], summary["rejected"]) == (1, 1, 0)
     assert "Traceback" not in done.stderr
+    assert _tables(tmp_path / "store") == {"episodes": 1, "entities": 0, "facts": 0,
+                                           "facts_current": 0, "mentions": 0,
+                                           "communities": 0, "rejects": 0}
 
 
 def test_unsupported_inputs_are_refused_before_ray_starts(tmp_path):
@@ -149,3 +153,24 @@ def test_a_failing_stage_prints_one_line_and_the_log(ray_session, odd, tmp_path,
     assert "--run-id" not in lines[0]  # the same error on every attempt: resuming cannot help
     log = Path(lines[1].removeprefix("tkg: log: "))
     assert "Traceback" in log.read_text() and "Traceback" not in out + err
+
+
+def test_json_stdout_stays_the_objects_after_the_block():
+    """What the driver prints after the build (Ray's raylet warnings come from a thread of
+    its own, on sys.stdout, until Ray shuts down at exit) goes to stderr under --json."""
+    script = (
+        "import os, threading\n"
+        "from tkg.jobs import build_output\n"
+        "with build_output.terminal(None, True) as (out, err):\n"
+        "    print('inside the block')\n"
+        "    print('{\"episodes\": 0}', file=out)\n"
+        "late = threading.Thread(target=lambda: print('(raylet) 9 PYTHON worker processes'))\n"
+        "late.start()\n"
+        "late.join()\n"
+        "os.write(1, b'fd 1 after the block\\n')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == '{"episodes": 0}\n'
+    for line in ("inside the block", "PYTHON worker processes", "fd 1 after the block"):
+        assert line in done.stderr
