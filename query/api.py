@@ -390,8 +390,11 @@ class OneSearch:
         spoken: set[int] = set()
         turns = None
         if recipe.other_speaker != 1.0:
-            index = link.name_index(self.snap)
-            spoken, turns = set(self.named()[1]), index.turns
+            entities, spoken_rows = self.named()
+            spoken, turns = set(spoken_rows), link.name_index(self.snap).turns
+            if spoken and entities:  # what others said about a named person or thing
+                spoken.update(self.snap.entity_episodes.of_many(
+                    np.asarray(entities, dtype=np.int64)).tolist())
         windows = self._time_windows() if recipe.time_boost != 1.0 else []
         valid = self.snap.kinds["episodes"].times.get("valid_at_us")
 

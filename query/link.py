@@ -32,6 +32,7 @@ class NameIndex:
 
     entities: dict[int, dict[tuple[str, ...], list[int]]] = field(default_factory=dict)
     speakers: dict[int, dict[tuple[str, ...], np.ndarray]] = field(default_factory=dict)
+    turns: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))  # episode has a speaker
 
     def named(self, text: str, groups: Iterable[int]) -> tuple[list[int], list[int]]:
         """(entity rows, episode rows spoken by a named speaker) for the names in `text`,
@@ -92,6 +93,7 @@ def build_index(entity_names: list[str | None], entity_labels: list[list[str] | 
             by_speaker[int(episode_groups[row])][key].append(row)
     index.speakers = {g: {k: np.asarray(v, dtype=np.int64) for k, v in keys.items()}
                       for g, keys in by_speaker.items()}
+    index.turns = np.fromiter((bool(s) for s in speakers), dtype=bool, count=len(speakers))
     return index
 
 

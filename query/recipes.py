@@ -6,7 +6,9 @@ Methods: `cosine` (vector index), `bm25` (native full-text index), `bfs` (graph 
 from the hits, the given `origins` or a conversation's recent episodes), `linked` (what the
 people and things the question names said or are mentioned in, `tkg.query.link`).
 Rerankers: `rrf`, `mmr`, `episode_mentions`, `node_distance` (needs `center`),
-`cross_encoder` (`query.cross_encoder` picks the model). The default recipe is the config's
+`cross_encoder` (`query.cross_encoder` picks the model). Episodes can further be scored with
+their neighbouring turns, weighed by who spoke them and by the times the question names
+(`turn_window`, `other_speaker`, `time_boost`). The default recipe is the config's
 `query.recipe`.
 """
 
@@ -26,10 +28,17 @@ class Part:
 
     methods: tuple[str, ...] = ("cosine", "bm25")
     reranker: str = "rrf"
+    weights: tuple[float, ...] | None = None  # RRF weight of each method (None: 1 each)
+    candidates: int | None = None  # per method, before reranking (None: the recipe's)
 
     def __post_init__(self) -> None:
         if not set(self.methods) <= METHODS or self.reranker not in RERANKERS:
             raise ValueError(f"unknown method or reranker in {self}")
+        if self.weights is not None and len(self.weights) != len(self.methods):
+            raise ValueError(f"one weight per method in {self}")
+
+    def weight(self, method: str) -> float:
+        return 1.0 if self.weights is None else self.weights[self.methods.index(method)]
 
 
 @dataclass(frozen=True)
@@ -41,17 +50,23 @@ class Recipe:
     communities: Part | None = None
     episodes: Part | None = None
     provenance: bool = True  # the episodes list also cites the top facts' and entities' sources
-    # RRF weights of the three lists fused into `episodes`: episode hits, the top facts'
-    # provenance, the top entities' latest mentions. Weight 0 keeps the entities' mentions
-    # in the list but after everything else: on tests/questions/corpus.jsonl any positive
-    # weight lowered evidence recall@10 (0.1: 0.878, 0.5: 0.866, 0: 0.902).
-    provenance_weights: tuple[float, float, float] = (1.0, 1.0, 0.0)
-    # RRF weight of the turns next to the top `neighbour_top` episodes (0: none), fused
-    # into `episodes` after provenance. The default's 0.5 (top 5): LoCoMo recall@10
-    # 0.598 -> 0.605 (multi-hop 0.381 -> 0.380; weight 1.0 over the top 3: 0.555);
-    # tests/questions/corpus.jsonl 0.920 -> 0.946 (multi_hop 0.667 -> 0.867).
-    neighbour_weight: float = 0.0
-    neighbour_top: int = 5
+    # RRF weights, next to the episode methods' own, of the top facts' provenance and the top
+    # entities' latest mentions, fused into `episodes` in the same RRF as the episode hits.
+    # Weight 0 keeps the entities' mentions in the list but after everything else: on
+    # tests/questions/corpus.jsonl any positive weight lowered evidence recall@10 (0.1:
+    # 0.878, 0.5: 0.866, 0: 0.902).
+    provenance_weights: tuple[float, float] = (1.0, 0.0)
+    provenance_facts: int = 10  # top facts whose source episodes are fused into `episodes`
+    # Each turn scored with its neighbours before fusion (`rerank.turn_window`): max(own,
+    # before x previous turn's, after x next turn's score), per episode method; (0, 0): off.
+    turn_window: tuple[float, float] = (0.0, 0.0)
+    # Score factor of a turn spoken by someone else when the question names speakers of the
+    # groups (a question about Melanie's hobbies is answered by what Melanie said); 1: off.
+    other_speaker: float = 1.0
+    # Score factor of episodes inside the windows of valid time the question's own words name
+    # ("in May 2023", "last year": `tkg.query.timewords`), when the caller set no valid-time
+    # filter; 1: off.
+    time_boost: float = 1.0
     bfs_hops: int = 2
     bfs_max_edges: int = 400  # edges expanded per hop: bounds a query on a hub entity
     bfs_seeds: int = 5  # top hits of each kind whose entities seed the expansion
@@ -66,15 +81,39 @@ HYBRID_BFS = Part(("cosine", "bm25", "bfs"), "rrf")
 # On LoCoMo (1,536 questions, embedded default) adding `linked` to the default's facts and
 # episodes raised evidence recall@10 from 0.585 to 0.598 (multi-hop 0.372 -> 0.381,
 # open-domain 0.310 -> 0.360, single-hop 0.651 -> 0.666, temporal 0.680 -> 0.679).
-LINKED = Part(("cosine", "bm25", "linked"), "rrf")
 LINKED_BFS = Part(("cosine", "bm25", "bfs", "linked"), "rrf")
+# The default's episodes and how it fuses and weighs them, each chosen on LoCoMo (evidence
+# recall@10 over 1,536 questions, one store, replaying the search offline step by step;
+# figures cumulative unless marked alone; the corpus questions, tests/questions/corpus.jsonl,
+# checked each step):
+# - BM25 at twice cosine's weight: 0.633 -> 0.647 (MiniLM alone ranks turns below BM25:
+#   0.453 vs 0.508).
+# - `linked` dropped from episodes once speakers are weighed (among one speaker's turns it
+#   is cosine again: 0.594 with it, 0.604 without).
+# - Every method's list scored with the neighbouring turns, turn_window (0.5, 0.5): 0.650 ->
+#   0.692 (single-hop 0.700 -> 0.768; 0.7 or 0.3 instead: within 0.01; summing instead of
+#   max scored 0.01 higher but cost a tenth of recall@1; smoothing the fused list instead of
+#   each method's: 0.684). It replaces fusing the turns next to the top 5 hits at weight 0.5,
+#   which pushed the best direct hit down (recall@1 0.248 -> 0.175).
+# - 100 candidates a method, so the window sees the hits' neighbours (40: 0.704, 100: 0.706,
+#   every turn: 0.710).
+# - other_speaker 0.5, alone: 0.602 -> 0.635 (0: 0.633); recall@1 0.275 -> 0.287. Turns
+#   that name a named person or thing are not weighed down: on the corpus, where colleagues
+#   speak about each other, weighing them down too cost 0.15 of recall@10.
+# - time_boost 2: 0.692 -> 0.710 (single-hop 0.768 -> 0.793, temporal 0.775 -> 0.790;
+#   1.5: 0.705, 3: 0.710).
+# - provenance_facts 10: 20 facts gave LoCoMo the same overall (0.699 vs 0.698) but cost
+#   the corpus 0.07 (0.929 -> 0.860): facts there cite many records each.
+TURNS = Part(("cosine", "bm25"), "rrf", weights=(1.0, 2.0), candidates=100)
+DEFAULT_EPISODES = {"provenance_facts": 10, "turn_window": (0.5, 0.5), "other_speaker": 0.5,
+                    "time_boost": 2.0}
 
 RECIPES: MappingProxyType[str, Recipe] = MappingProxyType({r.name: r for r in (
     Recipe("combined_hybrid_rrf", "facts, entities, communities and episodes: cosine + BM25 "
            "+ 2-hop BFS from the hits + what the question's named people said and named "
            "things appear in, fused by RRF; episodes cite the top facts (default)",
-           facts=LINKED_BFS, entities=HYBRID_BFS, communities=HYBRID, episodes=LINKED,
-           neighbour_weight=0.5),
+           facts=LINKED_BFS, entities=HYBRID_BFS, communities=HYBRID, episodes=TURNS,
+           **DEFAULT_EPISODES),
     Recipe("combined_cross_encoder", "as combined_hybrid_rrf, candidates reordered by the "
            "cross-encoder (on CPU: a second-pass bi-encoder score)",
            facts=Part(("cosine", "bm25", "bfs"), "cross_encoder"),

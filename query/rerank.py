@@ -77,6 +77,32 @@ def mmr(query: np.ndarray, keys: Sequence[K], vectors: np.ndarray, lam: float = 
     return [(keys[i], s) for i, s in zip(chosen, scores, strict=True)]
 
 
+def turn_window(hits: Sequence[tuple[K, float]], adjacent: Mapping[K, tuple[K | None, K | None]],
+                before: float, after: float) -> list[tuple[K, float]]:
+    """Score each turn with its neighbours in the conversation: max(own score, `before` x the
+    previous turn's, `after` x the next turn's). A question's answer is often the turn after
+    the one that matches it ("How did it feel to seal the deal?" -> "It felt crazy"), and a
+    reply's topic is set by the turn before. `adjacent[key]` = (previous, next) key or None;
+    turns next to a hit join the list. Best first; ties keep the input order."""
+    own = dict(hits)
+    scored: dict[K, float] = {}
+    for key, _ in hits:
+        for near in (key, *(n for n in adjacent.get(key, (None, None)) if n is not None)):
+            if near in scored:
+                continue
+            previous, following = adjacent.get(near, (None, None))
+            scored[near] = max(own.get(near, 0.0),
+                               before * own.get(previous, 0.0) if previous is not None else 0.0,
+                               after * own.get(following, 0.0) if following is not None else 0.0)
+    return sorted(scored.items(), key=lambda item: -item[1])
+
+
+def boost(hits: Sequence[tuple[K, float]], factor: Callable[[K], float]
+          ) -> list[tuple[K, float]]:
+    """Scores times `factor(key)`, best first; ties keep the input order."""
+    return sorted(((key, score * factor(key)) for key, score in hits), key=lambda item: -item[1])
+
+
 def _unit(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return vectors / np.where(norms == 0, 1.0, norms)

@@ -372,3 +372,47 @@ def neighbours(snapshot: Snapshot, scope: Scope):
         return [int(e) for e in ends if e >= 0 and e != node]
 
     return step
+
+
+def adjacent_turns(snapshot: Snapshot, rows: Sequence[int], scope: Scope
+                   ) -> dict[int, tuple[int | None, int | None]]:
+    """(previous, next) turn of each episode row and of the turns next to it, in its
+    conversation, among the episodes the scope may see (rows sort by group and time, so a
+    conversation's next turn is the next row); None at a conversation's ends."""
+    table = snapshot.kinds["episodes"]
+    count = table.meta.num_rows
+    given = np.unique(np.asarray(rows, dtype=np.int64))
+    wanted = np.unique(np.concatenate([given - 1, given, given + 1]))
+    wanted = wanted[(wanted >= 0) & (wanted < count)]
+    around = np.unique(np.concatenate([wanted - 1, wanted, wanted + 1]))
+    around = around[(around >= 0) & (around < count)]
+    conversation = table.meta["conversation_id"].take(around).to_pylist()
+    visible = visible_mask(snapshot, "episodes", around, scope)
+    at = {int(r): (c if ok else None) for r, c, ok in zip(around.tolist(), conversation,
+                                                          visible.tolist(), strict=True)}
+    found: dict[int, tuple[int | None, int | None]] = {}
+    for row in wanted.tolist():
+        here = at.get(row)
+        if here is None:
+            continue
+        found[row] = (row - 1 if at.get(row - 1) == here else None,
+                      row + 1 if at.get(row + 1) == here else None)
+    return found
+
+
+def latest_episode(snapshot: Snapshot, scope: Scope) -> int | None:
+    """Valid time (microseconds) of the newest episode the scope may see: the "now" a
+    question's relative time words count back from."""
+    table = snapshot.kinds["episodes"]
+    if not table.rows:
+        return None
+    spans = group_spans(snapshot, "episodes", scope)
+    if spans is None:
+        rows = np.flatnonzero(np.isin(snapshot.group_codes["episodes"],
+                                      allowed_groups(snapshot, scope)))
+    else:
+        rows = np.concatenate([np.arange(s, e) for s, e in spans] or [np.zeros(0, np.int64)])
+    rows = rows[visible_mask(snapshot, "episodes", rows, scope)]
+    valid = table.times["valid_at_us"][rows]
+    valid = valid[valid > PAST]
+    return int(valid.max()) if len(valid) else None

@@ -279,3 +279,36 @@ def test_the_bge_reranker_is_reachable_from_config_and_cli(tiny, tmp_path, capsy
                  "--recipe", "combined_cross_encoder", "--cross-encoder", "bge",
                  "--config", str(config), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["facts"] == result.to_dict()["facts"]
+
+
+def test_turns_next_to_a_hit_join_it(tiny):
+    """The turn window: BM25 finds only the turn naming Bruno; the turns before and after
+    it in the conversation follow at half its score."""
+    from dataclasses import replace
+
+    from tkg.query.recipes import Part, get_recipe
+
+    bm25 = replace(get_recipe("episodes_flat_rrf"), episodes=Part(("bm25",)))
+    assert [e.source_id for e in tiny.search("Bruno", "g1", recipe=bm25).episodes] == ["m3"]
+    window = replace(bm25, turn_window=(0.5, 0.5))
+    found = tiny.search("Bruno", "g1", recipe=window).episodes
+    assert [e.source_id for e in found] == ["m3", "m2", "m4"]
+    assert found[1].score == found[2].score < found[0].score
+
+
+def test_the_question_time_words_favour_that_time(tiny):
+    """"in January 2024" favours the January turns over the later one, unless the caller
+    set a valid-time filter of their own (then theirs alone applies)."""
+    from dataclasses import replace
+
+    from tkg.query.recipes import get_recipe
+
+    question = "What did Ana say about Lisbon in January 2024?"
+    flat = get_recipe("episodes_flat_rrf")
+    assert tiny.search(question, "g1", recipe=flat).episodes[0].source_id == "m4"
+    boosted = replace(flat, time_boost=2.0)
+    assert [e.source_id for e in tiny.search(question, "g1", recipe=boosted).episodes][:2] \
+        == ["m1", "m2"]
+    since = Filters(valid_from="2024-01-01")
+    assert tiny.search(question, "g1", recipe=boosted, filters=since).episodes[0].source_id \
+        == "m4"

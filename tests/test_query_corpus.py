@@ -246,3 +246,24 @@ def test_default_recipe_beats_the_flat_baseline(retriever):
     flat = report["recipes"][BASELINE]["overall"]
     assert graph["questions"] == flat["questions"] == len(questions)
     assert graph["recall"] > flat["recall"], (graph, flat)
+
+
+def test_a_question_naming_a_speaker_prefers_what_they_said_or_what_names_them(retriever):
+    """Speaker-aware episodes: with other speakers' turns weighed down to nothing, every
+    turn still scored is Sam Patel's own or one that names him; records and documents
+    (no speaker) are not weighed down."""
+    from dataclasses import replace
+
+    speakers = {}
+    for line in (CORPUS / "conversations.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        speakers[record["id"]] = record["speaker"]
+    recipe = replace(retriever.recipe(), other_speaker=0.0)
+    found = retriever.search("What did Sam Patel say about the tickets?", ["acme"],
+                             recipe=recipe, limit=20).episodes
+    scored = [e for e in found if e.score > 0]
+    assert scored and any(speakers.get(e.source_id) == "Sam Patel" for e in scored)
+    for hit in scored:
+        speaker = speakers.get(hit.source_id)
+        assert speaker in (None, "Sam Patel") or "Sam" in hit.content, (hit, speaker)
+    assert any(e.source_id not in speakers for e in scored)  # a ticket or a document

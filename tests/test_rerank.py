@@ -152,3 +152,46 @@ def test_bge_reranker_ranks_pairs_by_pinned_scores(tmp_path):
     assert [k for k, _ in ranked] == ["maria", "tom", "x"]
     assert [s for _, s in ranked] == pytest.approx([0.3079, 0.2024, 0.0259], abs=1e-3)
     assert encoder.score("q", []).shape == (0,)
+
+
+def test_turn_window_scores_a_turn_with_its_neighbours():
+    """The answer after a matching question turn joins the list at `before` x the score of
+    the turn before it, the turn before at `after` x the score of the turn after it;
+    conversation ends (None) add nothing; a turn keeps its own score when that is higher."""
+    adjacent = {"q": ("intro", "answer"), "intro": (None, "q"), "answer": ("q", "aside"),
+                "aside": ("answer", None), "other": (None, None)}
+    window = rerank.turn_window([("q", 1.0), ("other", 0.8), ("aside", 0.1)], adjacent,
+                                before=0.6, after=0.3)
+    assert window == [("q", 1.0), ("other", 0.8), ("answer", 0.6), ("intro", 0.3),
+                      ("aside", 0.1)]
+    assert rerank.turn_window([("q", 1.0)], adjacent, 0.0, 0.0) == [
+        ("q", 1.0), ("intro", 0.0), ("answer", 0.0)]
+
+
+def test_turn_window_ties_keep_the_input_order():
+    adjacent = {"a": (None, "b"), "b": ("a", "c"), "c": ("b", None)}
+    assert [k for k, _ in rerank.turn_window([("a", 1.0), ("c", 1.0)], adjacent, 1.0, 1.0)
+            ] == ["a", "b", "c"]
+
+
+def test_boost_multiplies_and_reorders_stably():
+    hits = [("a", 4.0), ("b", 3.0), ("c", 2.0), ("d", 1.0)]
+    assert rerank.boost(hits, lambda key: 3.0 if key == "d" else 1.0) == [
+        ("a", 4.0), ("b", 3.0), ("d", 3.0), ("c", 2.0)]
+
+
+def test_part_weights_are_one_per_method():
+    part = Part(("cosine", "bm25"), weights=(1.0, 2.0))
+    assert (part.weight("cosine"), part.weight("bm25")) == (1.0, 2.0)
+    assert Part(("cosine", "bm25")).weight("bm25") == 1.0
+    with pytest.raises(ValueError, match="one weight per method"):
+        Part(("cosine", "bm25"), weights=(1.0,))
+
+
+def test_the_flat_baseline_stays_flat():
+    """Only the graph recipes score turns with their neighbours, speakers and time words:
+    the baseline they are compared with is plain BM25 + cosine over episodes."""
+    flat = get_recipe("episodes_flat_rrf")
+    assert (flat.turn_window, flat.other_speaker, flat.time_boost, flat.provenance) == (
+        (0.0, 0.0), 1.0, 1.0, False)
+    assert flat.episodes == Part(("cosine", "bm25"))
