@@ -1,62 +1,152 @@
-"""A build on a multi-node Ray cluster, in a process of its own (`python -m
-tests.cluster_build`), so that its ray.init never meets the test session's local Ray.
+"""The nightly job on a multi-node Ray cluster, inputs and store on the S3 server: the one chain
+of builds that tests/test_cluster.py and tests/test_s3_build.py check.
 
-The cluster is `ray.cluster_utils.Cluster`: a head with no CPUs for tasks and two worker
-nodes with their own resources, all on 127.0.0.1, under RAY_TMPDIR (set by the caller, so the
-cluster's address file is not the machine's default one). With `--crash-at-chunk N` the driver
-dies when extraction reaches chunk N, worker node 0 is removed (its processes killed) and a
-fresh node joins, then the same run id resumes. Prints one JSON object.
+`run_chain` (the session fixture `cluster_chain`) uploads the sample corpus plus hostile records
+and starts `python -m tests.cluster_build` in a child process, so that the cluster never meets
+the test session's local Ray. That process starts a CPU-less head (dashboard, Jobs API) and two
+one-CPU worker nodes (tests/ray_head.py), all on 127.0.0.1 with token authentication, and runs
+the README's nightly command with `ray job submit --working-dir <repository> -- python -m
+tkg.jobs.backfill` three times:
+
+1. `ray.address: null`, TKG_FAULT set: the driver dies when extraction (on the worker nodes'
+   actors) reaches chunk 1, chunk 0 kept; then worker node 0 is killed (its raylet, object
+   store, workers) and a fresh node joins;
+2. the same command and run id without the fault: resumes and publishes;
+3. `ray.address: auto`, one later episode: an incremental run into the same store.
+
+It writes a JSON report (job statuses and logs, the work dir after the crash, seconds, nodes).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
+import subprocess
 import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-import ray
-from ray.cluster_utils import Cluster
-from tkg.pipeline import faults
-from tkg.pipeline.build import build, init_ray
-from tkg.pipeline.config import load_config
+ROOT = Path(__file__).resolve().parents[1]
+RUN, LATER_RUN = "cluster-1", "cluster-2"
+LATE = {"group_id": "acme", "kind": "message", "conversation_id": "late", "id": "late-1",
+        "speaker": "Alice Chen", "timestamp": "2025-06-01T09:00:00Z",
+        "content": "Alice Chen moved to Lisbon."}
 
-NODE = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 300 * 2**20}
+
+@dataclass(frozen=True)
+class ClusterChain:
+    report: dict
+    store: str  # s3://.../store
+    inputs: str  # the corpus and the hostile records
+    later_input: str
+
+
+def write_config(config, address: str | None, path: Path) -> str:
+    """The test config as YAML, as a job reads it. Extraction on actors (driver_rows 0), so it
+    runs on the worker nodes, in chunks of 120 episodes (two for the input)."""
+    import yaml
+
+    data = config.model_dump(mode="json")
+    data["ray"]["address"] = address
+    data["extract"].update(driver_rows=0, chunk_rows=120, actors=2, batch_size=32)
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def run_chain(s3, s3_config, folder: Path) -> ClusterChain:
+    """Upload the inputs, run the three jobs in a child process, return its report."""
+    from tkg.pipeline import storage
+
+    from tests.ray_head import cluster_env, temp_dir
+    from tests.test_reliability import CORPUS, hostile_lines
+
+    storage.configure(s3_config.storage)
+    root = s3.url()
+    for path in sorted(CORPUS.glob("*.jsonl")):
+        storage.write_bytes(f"{root}/in/{path.name}", path.read_bytes())
+    storage.write_bytes(f"{root}/in/hostile.jsonl", b"\n".join(hostile_lines()[0]) + b"\n")
+    storage.write_text(f"{root}/late/late.jsonl", json.dumps(LATE) + "\n")
+    chain = ClusterChain({}, f"{root}/store", f"{root}/in", f"{root}/late")
+    report = folder / "report.json"
+    with temp_dir() as temp:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.cluster_build",
+             "--config-null", write_config(s3_config, None, folder / "null.yaml"),
+             "--config-auto", write_config(s3_config, "auto", folder / "auto.yaml"),
+             "--input", chain.inputs, "--later-input", chain.later_input,
+             "--store", chain.store, "--report", str(report)],
+            cwd=ROOT, env=cluster_env(temp), capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return ClusterChain(json.loads(report.read_text()), chain.store, chain.inputs,
+                        chain.later_input)
+
+
+def submit(dashboard: str, job_id: str, config: str, inputs: str, store: str, run_id: str,
+           env_vars: dict[str, str] | None = None) -> dict:
+    """`ray job submit` (the CLI, as the README writes it), waiting for the job's end."""
+    from ray.job_submission import JobSubmissionClient
+
+    from tests.ray_head import VENV_BIN
+
+    env_vars = {"PYTHONFAULTHANDLER": "1", **(env_vars or {})}  # a crash's stack in the log
+    command = [str(VENV_BIN / "ray"), "job", "submit", "--address", dashboard,
+               "--submission-id", job_id, "--working-dir", str(ROOT),
+               "--runtime-env-json", json.dumps({"env_vars": env_vars}),
+               "--", "python", "-m", "tkg.jobs.backfill", "--config", config,
+               "--input", inputs, "--store", store, "--run-id", run_id]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    client = JobSubmissionClient(dashboard)
+    return {"returncode": done.returncode, "seconds": round(time.monotonic() - started, 1),
+            "status": str(client.get_job_status(job_id).value),
+            "log": client.get_job_logs(job_id)[-6000:],
+            "cli": (done.stdout + done.stderr)[-2000:]}
+
+
+def work_after_crash(store_dir: str) -> dict:
+    """What the crashed run left: extraction chunks planned and finished, and CURRENT."""
+    from tkg.pipeline import outputs, resume, storage, store
+
+    chunks = storage.join(store.work_dir(store_dir, RUN), "extract", resume.CHUNKS)
+    return {"planned": json.loads(storage.read_text(storage.join(chunks, resume.PLAN))),
+            "finished": [storage.name(c) for c in storage.list_dirs(chunks)
+                         if outputs.finished(c) is not None],
+            "current": store.current_run(store_dir)}
 
 
 def main(argv: list[str]) -> int:
+    from tkg.pipeline import faults, storage
+    from tkg.pipeline.config import load_config
+
+    from tests.ray_head import loopback_cluster
+
     parser = argparse.ArgumentParser()
-    parser.add_argument("--config", required=True)
+    parser.add_argument("--config-null", required=True, help="ray.address: null")
+    parser.add_argument("--config-auto", required=True, help="ray.address: auto")
     parser.add_argument("--input", required=True)
+    parser.add_argument("--later-input", required=True)
     parser.add_argument("--store", required=True)
-    parser.add_argument("--run-id", required=True)
-    parser.add_argument("--crash-at-chunk", type=int, default=None)
+    parser.add_argument("--report", required=True, help="where the JSON report goes")
     args = parser.parse_args(argv)
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 0, "node_ip_address": "127.0.0.1", "include_dashboard": False})
-    workers = [cluster.add_node(**NODE) for _ in range(2)]
-    base = load_config(args.config)
-    config = base.model_copy(update={"ray": base.ray.model_copy(
-        update={"address": cluster.address})})
-    report: dict = {"nodes": 0, "crashed": False}
-    try:
-        init_ray(config)
-        report["nodes"] = len([n for n in ray.nodes() if n["Alive"]])
-        if args.crash_at_chunk is not None:
-            os.environ[faults.ENV] = f"extract_batch:{args.crash_at_chunk}"
-            try:
-                build(config, [args.input], args.store, run_id=args.run_id)
-            except faults.InjectedCrash:
-                report["crashed"] = True
-            del os.environ[faults.ENV]
-            cluster.remove_node(workers[0])
-            cluster.add_node(**NODE)
-        result = build(config, [args.input], args.store, run_id=args.run_id)
-        report["summary"] = result.summary
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-    print(json.dumps(report, default=str))
+    storage.configure(load_config(args.config_null).storage)
+    report: dict = {}
+    started = time.monotonic()
+    with loopback_cluster(workers=2) as cluster:
+        report["start_seconds"] = round(time.monotonic() - started, 1)
+        report["nodes"] = cluster.alive_nodes()
+        nightly = (args.config_null, args.input, args.store, RUN)
+        report["crashed"] = submit(cluster.dashboard, "tkg-crash", *nightly,
+                                   {faults.ENV: "extract_batch:1"})
+        report["after_crash"] = work_after_crash(args.store)
+        started = time.monotonic()
+        cluster.replace_worker(0)
+        report["replace_seconds"] = round(time.monotonic() - started, 1)
+        report["nodes_after"] = cluster.alive_nodes()
+        report["resumed"] = submit(cluster.dashboard, "tkg-resume", *nightly)
+        report["auto"] = submit(cluster.dashboard, "tkg-auto", args.config_auto,
+                                args.later_input, args.store, LATER_RUN)
+    Path(args.report).write_text(json.dumps(report))
     return 0
 
 

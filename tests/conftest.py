@@ -68,6 +68,16 @@ def s3_config(config, s3):
 
 
 @pytest.fixture(scope="session")
+def cluster_chain(s3, s3_config, tmp_path_factory):
+    """The nightly job on a multi-node Ray cluster of its own, store on the S3 server: killed
+    mid-extraction, resumed, then an incremental run (tests/cluster_build.py); shared by the
+    cluster and object-storage tests."""
+    from tests.cluster_build import run_chain
+
+    return run_chain(s3, s3_config, tmp_path_factory.mktemp("cluster"))
+
+
+@pytest.fixture(scope="session")
 def expected() -> dict:
     return json.loads((CORPUS / "expected.json").read_text())
 

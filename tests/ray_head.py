@@ -1,22 +1,25 @@
-"""A Ray head of its own for the cluster tests: loopback only, its own ports and temp dir,
-token authentication on (as Ray 2.60 expects), and stopped by its own process ids (never
-`ray stop`, which ends every Ray process of the machine, the suite's session included)."""
+"""A Ray cluster of its own for the cluster tests: `ray.cluster_utils.Cluster` with a head that
+takes no tasks (its dashboard serves the Jobs API) and worker nodes with their own resources,
+loopback only, its own ports, temp dir and token, stopped through the Cluster API (which kills
+exactly the processes it started; never `ray stop`, which ends every Ray process of the
+machine, the suite's session included).
+
+Run it in a process of its own (tests/cluster_build.py): the Cluster writes its address file
+and its nodes' global state into the process that creates it.
+"""
 
 from __future__ import annotations
 
 import os
 import secrets
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-
-import psutil
 
 from tests.s3 import free_port
 
@@ -27,84 +30,92 @@ VENV_BIN = Path(sys.executable).parent
 WARM_WORKERS = {"RAY_idle_worker_killing_time_threshold_ms": "300000",
                 "RAY_num_workers_soft_limit": "10"}
 # Ray 2.60's ray.init rewrites a loopback address (127.0.0.1:PORT) to the machine's routable
-# IP before connecting (services.resolve_ip_for_localhost), where a node bound to 127.0.0.1
-# does not listen: the driver then retries the GCS forever (the multi-node test's hang in
-# Node._init_gcs_client). This switch, Ray's own for single-machine clusters, makes Ray take
-# the loopback IP as the node's address, so every node, driver and job stays on 127.0.0.1.
+# IP before connecting (services.resolve_ip_for_localhost -> get_node_ip_address), where a
+# node bound to 127.0.0.1 does not listen: the driver then retries the GCS forever. With this
+# switch off, get_node_ip_address answers the loopback IP (ray_constants.ENABLE_RAY_CLUSTER),
+# so every node, driver, job supervisor and `ray job` client stays on 127.0.0.1. Nodes added
+# with the Cluster API are not refused by it (only `ray start --address` checks it).
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+NODE = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 200 * 2**20}
+
+
+def node_args() -> dict:
+    """A worker node's settings. Its runtime_env folder is its own, as on a machine of its
+    own: nodes of one machine share the session dir, and with one shared folder a job's
+    working_dir could be unpacked or deleted by another node's agent under a running driver
+    (seen: a resumed job's driver lost its cwd)."""
+    return {**NODE, "runtime_env_dir_name": f"runtime_resources_{secrets.token_hex(4)}"}
+
+
+def cluster_env(temp: str) -> dict[str, str]:
+    """The environment of the process that starts the cluster (every node inherits it):
+    loopback, warm workers, token authentication with a token of its own (Ray 2.60 would
+    otherwise write one under ~/.ray), its own temp dir and address file."""
+    env = {**os.environ, **WARM_WORKERS, **LOOPBACK, "RAY_AUTH_MODE": "token",
+           "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_TMPDIR": temp, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(name, None)
+    return env
 
 
 @dataclass
-class RayHead:
-    gcs_address: str  # 127.0.0.1:PORT, for ray.init / worker nodes
+class LoopbackCluster:
+    cluster: object  # ray.cluster_utils.Cluster
+    workers: list  # ray._private.node.Node of the worker nodes, in order
     dashboard: str  # http://127.0.0.1:PORT, for `ray job submit --address`
-    env: dict[str, str] = field(repr=False)  # what a client needs (token, PATH)
 
-    def run(self, *args: str, cwd: Path | None = None, timeout: float = 1800
-            ) -> subprocess.CompletedProcess:
-        return subprocess.run([str(VENV_BIN / "ray"), *args], env=self.env, cwd=cwd,
-                              capture_output=True, text=True, timeout=timeout)
+    def replace_worker(self, index: int) -> None:
+        """Kill worker node `index` (raylet, object store, its workers and actors: the
+        processes this cluster started for it) and join a fresh one in its place."""
+        self.cluster.remove_node(self.workers[index], allow_graceful=False)
+        self.workers[index] = self.cluster.add_node(**node_args())
+        self.cluster.wait_for_nodes(timeout=120)  # until the GCS has seen the old one die
 
-
-def _stop(process: subprocess.Popen) -> None:
-    """Terminate the `ray start --block` process and every process it started, by pid."""
-    try:
-        family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
-    except psutil.NoSuchProcess:
-        return
-    for proc in family:
-        with suppress(psutil.NoSuchProcess):
-            proc.terminate()
-    _, alive = psutil.wait_procs(family, timeout=20)
-    for proc in alive:
-        proc.kill()
-    psutil.wait_procs(alive, timeout=10)
+    def alive_nodes(self) -> int:
+        return len(self.cluster.global_state._live_node_ids())
 
 
 @contextmanager
-def ray_head(num_cpus: int = 2, env: dict[str, str] | None = None) -> Iterator[RayHead]:
-    """`ray start --head --block` on 127.0.0.1 with the dashboard, in a short temp dir (Unix
-    socket paths must stay under ~100 characters)."""
-    temp = tempfile.mkdtemp(prefix="tkgray-", dir="/tmp")
-    base = {**os.environ, **WARM_WORKERS, **LOOPBACK, **(env or {}), "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_USAGE_STATS_ENABLED": "0",
-            "RAY_TMPDIR": temp,  # its address file is not the machine's default one
-            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    base.pop("RAY_ADDRESS", None)
-    gcs, dashboard = free_port(), free_port()
-    low = 20_000 + secrets.randbelow(300) * 100  # a worker port range of its own
-    ports = {"--port": gcs, "--dashboard-port": dashboard,
-             "--node-manager-port": free_port(), "--object-manager-port": free_port(),
-             "--ray-client-server-port": free_port(), "--metrics-export-port": free_port(),
-             "--dashboard-agent-listen-port": free_port(),
-             "--dashboard-agent-grpc-port": free_port(),
-             "--runtime-env-agent-port": free_port(),
-             "--min-worker-port": low, "--max-worker-port": low + 99}
-    command = [str(VENV_BIN / "ray"), "start", "--head", "--block",
-               "--node-ip-address", "127.0.0.1", "--dashboard-host", "127.0.0.1",
-               "--include-dashboard", "true", "--num-cpus", str(num_cpus),
-               "--temp-dir", temp, *(f"{k}={v}" for k, v in ports.items())]
-    log = open(Path(temp) / "head.log", "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(command, env=base, stdout=log, stderr=subprocess.STDOUT)
-    head = RayHead(gcs_address=f"127.0.0.1:{gcs}", dashboard=f"http://127.0.0.1:{dashboard}",
-                   env=base)
+def loopback_cluster(workers: int = 2) -> Iterator[LoopbackCluster]:
+    """A CPU-less head with the dashboard and `workers` one-CPU worker nodes, all on
+    127.0.0.1, under RAY_TMPDIR (short: Unix socket paths stay under ~100 characters)."""
+    from ray.cluster_utils import Cluster
+
+    dashboard = free_port()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "node_ip_address": "127.0.0.1", "gcs_server_port": free_port(),
+        "dashboard_agent_listen_port": free_port(),  # not the default one another head has
+        "include_dashboard": True, "dashboard_host": "127.0.0.1",
+        "dashboard_port": dashboard, "object_store_memory": 100 * 2**20})
     try:
-        _wait_ready(head, process, Path(temp) / "head.log")
-        yield head
+        nodes = [cluster.add_node(**node_args()) for _ in range(workers)]
+        running = LoopbackCluster(cluster, nodes, f"http://127.0.0.1:{dashboard}")
+        wait_for_jobs_api(running.dashboard)
+        yield running
     finally:
-        _stop(process)
-        log.close()
-        shutil.rmtree(temp, ignore_errors=True)
+        cluster.shutdown()
 
 
-def _wait_ready(head: RayHead, process: subprocess.Popen, log: Path, timeout: float = 180
-                ) -> None:
-    """Until the Jobs API answers (the dashboard starts last)."""
+def wait_for_jobs_api(address: str, timeout: float = 180) -> None:
+    """Until the dashboard answers the Jobs API (it starts after the GCS)."""
+    from ray.job_submission import JobSubmissionClient
+
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"ray start exited {process.returncode}:\n{log.read_text()}")
-        if head.run("job", "list", "--address", head.dashboard, timeout=60).returncode == 0:
+    while True:
+        try:
+            JobSubmissionClient(address).list_jobs()
             return
-        time.sleep(2)
-    raise TimeoutError(f"Ray head not ready after {timeout} s:\n{log.read_text()[-3000:]}")
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+@contextmanager
+def temp_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="tkgc-", dir="/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

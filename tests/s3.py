@@ -1,4 +1,5 @@
-"""A real S3-compatible server for the tests: moto's server mode on a loopback port.
+"""A real S3-compatible server for the tests: moto's server mode on a loopback port, in a
+process of its own (tkg.jobs.bench.local_s3, the one `tkg bench build --s3-server` starts).
 
 The tests reach it over HTTP exactly as a cluster reaches AWS S3 or MinIO: pyarrow's
 S3FileSystem, LanceDB's object store and DuckDB all get the endpoint from the config's
@@ -8,26 +9,20 @@ S3FileSystem, LanceDB's object store and DuckDB all get the endpoint from the co
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-# moto accepts any key; set before any Ray worker starts so workers inherit them.
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_REGION": "us-east-1"}
+from tkg.jobs.bench import TEST_CREDENTIALS, free_port, local_s3
+
+__all__ = ["S3Server", "free_port", "s3_server", "use_test_credentials"]
 
 
 def use_test_credentials() -> None:
-    for name, value in CREDENTIALS.items():
+    """moto accepts any key; set before any Ray worker starts so workers inherit them."""
+    for name, value in TEST_CREDENTIALS.items():
         os.environ.setdefault(name, value)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -46,19 +41,7 @@ class S3Server:
 
 @contextmanager
 def s3_server(bucket: str = "tkg-test") -> Iterator[S3Server]:
-    """moto's ThreadedMotoServer on 127.0.0.1, with one bucket, stopped on exit."""
-    from moto.server import ThreadedMotoServer
-
+    """The server on 127.0.0.1 with one bucket, stopped on exit."""
     use_test_credentials()
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        import pyarrow.fs as pafs
-
-        fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http",
-                               region="us-east-1", allow_bucket_creation=True)
-        fs.create_dir(bucket)
-        yield S3Server(endpoint=f"http://127.0.0.1:{port}", bucket=bucket)
-    finally:
-        server.stop()
+    with local_s3((bucket,)) as endpoint:
+        yield S3Server(endpoint=endpoint, bucket=bucket)

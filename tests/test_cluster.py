@@ -1,7 +1,13 @@
-"""Joining a cluster: what a driver submitted with `ray job submit` asks of Ray (the end-to-end
-runs against a head of their own are in tests/cluster_e2e.py)."""
+"""Off one machine: the nightly job submitted with `ray job submit` to a multi-node Ray cluster
+of its own (a CPU-less head and two worker nodes, loopback only, token auth), inputs and store
+on the S3 server (the chain of tests/cluster_build.py, fixture `cluster_chain`); what the store
+holds afterwards is checked in tests/test_s3_build.py."""
 
 from __future__ import annotations
+
+from tkg.pipeline import storage, store
+
+from tests.cluster_build import LATER_RUN, RUN
 
 
 def test_submitted_driver_joins_without_local_settings(config, monkeypatch):
@@ -13,3 +19,30 @@ def test_submitted_driver_joins_without_local_settings(config, monkeypatch):
     assert not joins_cluster(config) and _worker_pool(config)
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     assert joins_cluster(config) and _worker_pool(config) is None
+
+
+def test_a_job_killed_mid_extraction_resumes_on_a_changed_cluster(cluster_chain):
+    """Job 1 (`ray.address: null`) dies at extraction chunk 1 with chunk 0 kept on S3, worker
+    node 0 is killed and a fresh one joins, job 2 (same command and run id) resumes."""
+    report = cluster_chain.report
+    assert report["nodes"] == 3 and report["nodes_after"] == 3  # head + 2 workers
+    crashed, resumed = report["crashed"], report["resumed"]
+    assert crashed["status"] == "FAILED" and crashed["returncode"] != 0
+    assert "InjectedCrash: TKG_FAULT=extract_batch:1" in crashed["log"], crashed["log"]
+    after = report["after_crash"]
+    assert after["planned"]["chunks"] == 2 and after["finished"] == ["00000"]
+    assert after["current"] is None
+    assert resumed["status"] == "SUCCEEDED" and resumed["returncode"] == 0, resumed["log"]
+    assert f"snapshot: {cluster_chain.store}/snapshots/{RUN}" in resumed["log"]
+
+
+def test_ray_job_submit_with_address_auto_publishes(cluster_chain, s3_config):
+    """`ray.address: auto` (job 3, a later input) runs under `ray job submit` as well and
+    publishes the store's current snapshot."""
+    storage.configure(s3_config.storage)  # a local build in between configures no endpoint
+    auto = cluster_chain.report["auto"]
+    assert auto["status"] == "SUCCEEDED" and auto["returncode"] == 0, auto["log"]
+    assert store.current_run(cluster_chain.store) == LATER_RUN
+    manifest = store.read_manifest(store.current_snapshot(cluster_chain.store))
+    assert manifest["inputs"] and all(f.startswith(cluster_chain.later_input)
+                                      for f in manifest["inputs"])

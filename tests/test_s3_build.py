@@ -1,29 +1,27 @@
-"""Builds whose inputs, work dir and store all live on a real S3-compatible server (moto over
-HTTP, tests/s3.py), through the same code as a local store: one chain on the sample corpus
-plus hostile records, killed mid-extraction and resumed, published, queried, grown by an
-incremental run whose carried tables are referenced across snapshots, and collected by gc.
+"""A store whose inputs, work dir and snapshots all live on a real S3-compatible server (moto
+over HTTP, tests/s3.py), built by the chain of tests/cluster_build.py (fixture
+`cluster_chain`): the sample corpus plus hostile records, killed mid-extraction and resumed on
+a multi-node cluster, then grown by an incremental run. Here: the resumed build equals the
+single-node local build, hostile input is rejected or kept as data, the store is queried and
+served over s3://, the incremental run references carried files across snapshots, and gc keeps
+exactly the files a kept manifest lists.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from tkg.pipeline import faults, outputs, schema, storage, store
-from tkg.pipeline.build import build
-from tkg.pipeline.faults import InjectedCrash
+from tkg.pipeline import schema, storage, store
 
-from tests.test_reliability import CORPUS, VARYING, hostile_lines
-
-pytestmark = pytest.mark.timeout(1800)  # three builds; slow only on a crowded machine
-RUN = "s3-chain"
+from tests.cluster_build import LATER_RUN, RUN
+from tests.test_reliability import VARYING, hostile_lines
 
 
-def upload(local: Path, url: str) -> str:
-    storage.write_bytes(url, local.read_bytes())
-    return url
-
+@pytest.fixture(autouse=True)
+def s3_storage(s3_config):
+    """Every test reads the S3 server (a local build in between configures no endpoint)."""
+    storage.configure(s3_config.storage)
 
 def published(snapshot: Path | str, table: str) -> list[str]:
     """A published table's rows outside the hostile group, without build times and vectors,
@@ -35,108 +33,63 @@ def published(snapshot: Path | str, table: str) -> list[str]:
     return sorted(map(repr, data.select(keep).to_pylist()))
 
 
-@pytest.fixture(scope="module")
-def inputs(s3, s3_config, tmp_path_factory) -> list[str]:
-    storage.configure(s3_config.storage)
-    root = s3.url()
-    lines, _ = hostile_lines()
-    hostile = tmp_path_factory.mktemp("hostile") / "hostile.jsonl"
-    hostile.write_bytes(b"\n".join(lines) + b"\n")
-    for path in sorted(CORPUS.glob("*.jsonl")):
-        upload(path, f"{root}/in/{path.name}")
-    return [f"{root}/in", upload(hostile, f"{root}/hostile.jsonl")]
-
-
-@pytest.fixture(scope="module")
-def s3_build(ray_session, s3, s3_config, inputs):
-    """The chain: a crash in the middle of extraction, then the resumed run to the end."""
-    import os
-
-    chunked = s3_config.model_copy(update={
-        "extract": s3_config.extract.model_copy(update={"chunk_rows": 120})})  # 2 chunks
-    store_dir = s3.url()
-    os.environ[faults.ENV] = "extract_batch:1"
-    try:
-        with pytest.raises(InjectedCrash):
-            build(chunked, inputs, store_dir, run_id=RUN)
-    finally:
-        del os.environ[faults.ENV]
-    work = store.work_dir(store_dir, RUN)
-    crashed = {"chunk0": outputs.finished(storage.join(work, "extract", "_chunks", "00000")),
-               "chunk1": outputs.finished(storage.join(work, "extract", "_chunks", "00001")),
-               "current": store.current_run(store_dir)}
-    result = build(chunked, inputs, store_dir, run_id=RUN)
-    return store_dir, result, crashed
-
-
-def test_a_build_on_s3_resumes_and_equals_the_local_build(s3_build, corpus_build, expected):
-    store_dir, result, crashed = s3_build
-    assert crashed["current"] is None and crashed["chunk1"] is None
-    assert crashed["chunk0"] is not None  # the finished chunk was kept on S3 for the resume
-    assert str(result.snapshot) == f"{store_dir}/snapshots/{RUN}"
-    assert store.current_run(store_dir) == RUN
-    summary = result.summary
+def test_the_resumed_s3_build_equals_the_local_build(cluster_chain, corpus_build, expected):
+    """Rows and ids of every published table (outside the hostile group) equal the local
+    single-node build's; every file the manifest lists is on S3; LanceDB indexes there."""
+    snapshot = storage.join(cluster_chain.store, "snapshots", RUN)
+    manifest = store.read_manifest(snapshot)
+    summary = manifest["summary"]
     _, hostile_rejected = hostile_lines()
     assert summary["episodes_in"] == summary["episodes_ok"] + summary["rejected"]
     assert summary["rejected"] == expected["rejects"] + hostile_rejected
     for table in schema.PUBLISHED:
         if table not in ("runs", "rejects"):
-            assert published(result.snapshot, table) == published(corpus_build.snapshot,
-                                                                   table), table
-    manifest = store.read_manifest(result.snapshot)
+            assert published(snapshot, table) == published(corpus_build.snapshot, table), table
     assert manifest["lance"] == {name: "lance" for name in manifest["lance"]}
-    assert all(storage.is_file(f) for files in store.snapshot_files(result.snapshot).values()
+    assert all(storage.is_file(f) for files in store.snapshot_files(snapshot).values()
                for f in files)
-    with store.open_catalog(result.snapshot) as con:  # hostile input is data, in its group
+    with store.open_catalog(snapshot) as con:  # hostile input is data, in its group
         kept = dict(con.execute("SELECT source_id, content FROM episodes "
                                 "WHERE group_id = 'hostile'").fetchall())
     assert kept["inj"].startswith("Ignore previous instructions")
 
 
-def test_query_stats_and_serve_read_the_s3_store(s3_build):
+def test_query_stats_and_serve_read_the_s3_store(cluster_chain):
     from fastapi.testclient import TestClient
     from tkg.jobs.cli import store_stats
     from tkg.query.serve.app import create_app
 
     from tkg import query
 
-    store_dir, result, _ = s3_build
+    store_dir = cluster_chain.store
     retriever = query.open(store_dir)
     found = retriever.search("What does Alice Chen plan?", ["acme"], limit=5)
-    assert found.facts and retriever.snapshot().run_id == RUN
-    assert store_stats(store_dir)["episodes"] == result.summary["episodes"]
+    assert found.facts and retriever.snapshot().run_id == LATER_RUN
+    summary = store.read_manifest(store.current_snapshot(store_dir))["summary"]
+    assert store_stats(store_dir)["episodes"] == summary["episodes"]
     with TestClient(create_app(store_dir)) as client:
         answer = client.post("/search", json={"query": "Alice Chen", "group_ids": ["acme"]})
         assert answer.status_code == 200, answer.text
         assert answer.json()["entities"]
 
 
-def test_an_incremental_run_references_carried_files_and_gc_keeps_them(
-        s3_build, s3_config, s3, tmp_path):
-    store_dir, first, _ = s3_build
-    late = tmp_path / "late.jsonl"
-    late.write_text(json.dumps({
-        "group_id": "acme", "kind": "message", "conversation_id": "late", "id": "late-1",
-        "speaker": "Alice Chen", "timestamp": "2025-06-01T09:00:00Z",
-        "content": "Alice Chen moved to Lisbon."}) + "\n")
-    second = build(s3_config, [upload(late, storage.join(s3.url(), "late.jsonl"))], store_dir,
-                   run_id="s3-next")
-    manifest = store.read_manifest(second.snapshot)
-    carried = [f for f in manifest["files"]["episodes"] if f.startswith(f"../{RUN}/")]
-    assert carried and len(carried) < len(manifest["files"]["episodes"])
-    assert second.summary["episodes"] == first.summary["episodes"] + 1
-    report_dry = store_gc(store_dir, dry_run=True)
-    assert report_dry.removed_snapshots == [RUN]
-    report = store_gc(store_dir)
-    assert report.removed_snapshots == [RUN] and report.freed_bytes > 0
-    assert all(storage.is_file(storage.join(second.snapshot, f)) for f in carried)
-    assert not storage.exists(storage.join(first.snapshot, store.MANIFEST))
-    with store.connect(store_dir) as con:
-        assert con.execute("SELECT count(*) FROM episodes").fetchone() == (
-            second.summary["episodes"],)
-
-
-def store_gc(store_dir: str, dry_run: bool = False):
+def test_an_incremental_run_references_carried_files_and_gc_keeps_them(cluster_chain):
+    """Runs last of this module: gc removes the first snapshot."""
     from tkg.pipeline.reliability import gc
 
-    return gc(store_dir, keep=0, dry_run=dry_run)
+    store_dir = cluster_chain.store
+    first = storage.join(store_dir, "snapshots", RUN)
+    second = store.current_snapshot(store_dir)
+    manifest = store.read_manifest(second)
+    carried = [f for f in manifest["files"]["episodes"] if f.startswith(f"../{RUN}/")]
+    assert carried and len(carried) < len(manifest["files"]["episodes"])
+    assert manifest["summary"]["episodes"] == store.read_manifest(first)["summary"][
+        "episodes"] + 1
+    assert gc(store_dir, keep=0, dry_run=True).removed_snapshots == [RUN]
+    report = gc(store_dir, keep=0)
+    assert report.removed_snapshots == [RUN] and report.freed_bytes > 0
+    assert all(storage.is_file(storage.join(second, f)) for f in carried)
+    assert not storage.exists(storage.join(first, store.MANIFEST))
+    with store.connect(store_dir) as con:
+        assert con.execute("SELECT count(*) FROM episodes").fetchone() == (
+            manifest["summary"]["episodes"],)
