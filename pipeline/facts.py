@@ -103,13 +103,14 @@ class RelationClassifier:
 def fact_mentions(extractions: pa.Table) -> pa.Table:
     """One row per extracted fact, with its endpoints' normalized names (for the alias map)."""
     rows = []
+    normal: dict[str, str] = {}  # names repeat across facts: each normalized once
     for group_id, episode_id, t_ref, facts in zip(
         extractions["group_id"].to_pylist(), extractions["episode_id"].to_pylist(),
         extractions["valid_at"].to_pylist(), extractions["facts"].to_pylist(), strict=True,
     ):
         for fact in facts or ():
-            source, target = normalize_name(fact["source"] or ""), normalize_name(
-                fact["target"] or "")
+            source, target = (normal.get(n) or normal.setdefault(n, normalize_name(n))
+                              for n in (fact["source"] or "", fact["target"] or ""))
             if not source or not target or source == target:
                 continue
             rows.append({
