@@ -106,9 +106,7 @@ class SentenceTransformerEmbedder:
         self.model = SentenceTransformer(str(model_path(config.model)), device="cpu")
         self.model.max_seq_length = config.max_seq_length
         self.dim = int(self.model.get_embedding_dimension())
-        self.bfloat16 = config.precision == "bfloat16" or (
-            config.precision == "auto" and cpu_has_bf16()
-        )
+        self.bfloat16 = uses_bfloat16(config)
 
     @staticmethod
     def config_dim(config: EmbedConfig) -> int | None:
@@ -133,6 +131,11 @@ class SentenceTransformerEmbedder:
                 convert_to_numpy=True,
             )
         return np.asarray(vectors, dtype=np.float32)
+
+
+def uses_bfloat16(config: EmbedConfig) -> bool:
+    """Whether `embed.precision` means bfloat16 here (auto: on CPUs with native bf16)."""
+    return config.precision == "bfloat16" or (config.precision == "auto" and cpu_has_bf16())
 
 
 def cpu_has_bf16() -> bool:
@@ -202,6 +205,15 @@ EMBEDDERS.register("synthetic", "tkg.pipeline.synthetic_embed:synthetic_embedder
 
 
 def build_embedder(config: TkgConfig) -> Embedder:
+    """The build's embedder, a function of the config alone, so that the driver and the
+    actors give the same vectors: unless bfloat16 is asked for, the numpy encoder where
+    the model's layout allows (sentence-transformers' float32 vectors to 3e-7, without
+    torch, whose load cost each process ~5 s of CPU: on 2 cores the demo's 812 texts took
+    3.5 s in numpy against 2.2 s + 5 s in bfloat16), else the configured backend."""
+    if config.embed.backend == "sentence_transformers" and config.embed.precision != "bfloat16":
+        encoder = numpy_embedder(config.embed)
+        if encoder is not None:
+            return encoder
     return EMBEDDERS.build(config.embed.backend, config.embed)
 
 
@@ -214,11 +226,7 @@ def shared_embedder(config: TkgConfig) -> Embedder:
     each on the loaded 2-core machine)."""
     key = config.embed.model_dump_json()
     if key not in _SHARED:
-        # The numpy encoder where the layout allows: it loads in ~0.2 s of CPU against
-        # ~5 s for torch + sentence-transformers, and embeds the demo's 812 texts in 3.5 s
-        # against 2.2 s with torch's bfloat16 (4.5 s in float32): a driver's few
-        # thousand texts are cheaper without torch.
-        _SHARED[key] = numpy_embedder(config.embed) or build_embedder(config)
+        _SHARED[key] = build_embedder(config)
     return _SHARED[key]
 
 

@@ -79,3 +79,19 @@ def test_a_cold_query_imports_no_torch(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, check=True)
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_build_embeds_in_numpy_unless_bfloat16_is_asked_for() -> None:
+    """One rule for the driver and the actors: the same vectors from both."""
+    from tkg.pipeline.config import TkgConfig
+    from tkg.pipeline.embed import build_embedder
+    from tkg.pipeline.minilm_numpy import NumpyBertEncoder
+
+    config = TkgConfig()
+    for precision in ("auto", "float32"):
+        chosen = config.model_copy(update={"embed": config.embed.model_copy(
+            update={"precision": precision})})
+        assert isinstance(build_embedder(chosen), NumpyBertEncoder)
+    bf16 = config.model_copy(update={"embed": config.embed.model_copy(
+        update={"precision": "bfloat16"})})
+    assert isinstance(build_embedder(bf16), SentenceTransformerEmbedder)
