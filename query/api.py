@@ -412,7 +412,8 @@ class OneSearch:
         """The question's own time words as [start, end) microseconds, counted back from
         the newest episode the scope sees; none when the caller set a valid-time filter."""
         f = self.scope.filters
-        if f.valid_from is not None or f.valid_to is not None:
+        if f.valid_from is not None or f.valid_to is not None or not timewords.windows(
+                self.text, EPOCH):  # (no time words: no scan for the newest episode)
             return []
         now = latest_episode(self.snap, self.scope)
         if now is None:
