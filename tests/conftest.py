@@ -83,12 +83,49 @@ def expected() -> dict:
 
 
 @pytest.fixture(scope="session")
-def corpus_build(ray_session, config, tmp_path_factory):
-    """The sample corpus built into a fresh store."""
-    from tkg.pipeline.build import build
+def corpus_cli_build(ray_session, config, tmp_path_factory):
+    """The sample corpus built into a fresh store by `tkg build` as `make demo` runs it (not
+    verbose, on the session's Ray), with what it printed on the terminal."""
+    import yaml
+    from tkg.jobs.cli import main
+    from tkg.pipeline import store as stores
+    from tkg.pipeline.build import BuildResult
 
-    store = tmp_path_factory.mktemp("corpus-store")
-    return build(config, [str(CORPUS)], store, run_id="corpus-1")
+    folder = tmp_path_factory.mktemp("corpus")
+    config_file = folder / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    printed = folder / "terminal.txt"
+    with printed.open("w", buffering=1) as terminal:
+        code = _with_terminal(terminal, lambda: main([
+            "build", "--config", str(config_file), "--input", str(CORPUS),
+            "--store", str(folder / "store"), "--run-id", "corpus-1"]))
+    assert code == 0, printed.read_text()
+    snapshot = stores.current_snapshot(folder / "store")
+    summary = stores.read_manifest(snapshot)["summary"]
+    return BuildResult(summary=summary, snapshot=snapshot), printed.read_text()
+
+
+def _with_terminal(terminal, call):
+    """Run `call` with fd 1 and Python's stdout on `terminal` (tkg build writes its stage lines
+    to a copy of fd 1 and its summary to sys.stdout)."""
+    import contextlib
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(terminal.fileno(), 1)
+    try:
+        with contextlib.redirect_stdout(terminal):
+            return call()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@pytest.fixture(scope="session")
+def corpus_build(corpus_cli_build):
+    """The sample corpus built into a fresh store."""
+    return corpus_cli_build[0]
 
 
 @pytest.fixture(scope="session")
