@@ -153,13 +153,16 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_bench_build(args: argparse.Namespace) -> int:
     from tkg.jobs.bench import bench_build
+    from tkg.jobs.build_output import terminal
 
-    figures = bench_build(args.episodes, config_path=args.config, seed=args.seed,
-                          groups=args.groups, workdir=args.workdir, store=args.store,
-                          s3_server=args.s3_server)
-    if args.json:
-        print(json.dumps(figures, default=str))
-    else:
+    # Under --json the one object is stdout's alone (Ray's raylet warnings go to stderr).
+    with terminal(None, args.json) as (out, _):
+        figures = bench_build(args.episodes, config_path=args.config, seed=args.seed,
+                              groups=args.groups, workdir=args.workdir, store=args.store,
+                              s3_server=args.s3_server)
+        if args.json:
+            print(json.dumps(figures, default=str), file=out)
+    if not args.json:
         from tkg.jobs.bench import print_bench
 
         print_bench(figures)
