@@ -34,7 +34,7 @@ from tkg.pipeline import (
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import RunContext, Stage
 from tkg.pipeline.datasets import EMPTY_PART, empty_dataset, nonempty, read_parquet_files
-from tkg.pipeline.embed import EmbedColumn, Embedder, build_embedder
+from tkg.pipeline.embed import EmbedColumn, shared_embedder
 from tkg.pipeline.extract import EpisodeInput, build_extractor
 from tkg.pipeline.extract.llm import dataset_extractor
 from tkg.pipeline.extract.records import record_text
@@ -643,17 +643,13 @@ def _episode_text(batch: pa.Table) -> pa.Table:
 EMBED_BLOCK_ROWS = 1024
 
 
-_COLUMN_EMBEDDERS: dict[str, Embedder] = {}  # per embed config, loaded once per process
-
-
 def _embed_on_driver(ctx: RunContext, rows: Dataset, text: str, vector: str) -> Dataset:
     """`embed_column` of a few rows in this process: a night's new names and facts are a
     few hundred texts, and an actor pool per column started a model per actor for them
     (four pools per incremental run)."""
-    key = ctx.config.embed.model_dump_json()
-    if key not in _COLUMN_EMBEDDERS:  # the actors' model, so both give the same vectors
-        _COLUMN_EMBEDDERS[key] = build_embedder(ctx.config)
-    column = EmbedColumn(ctx.config, text, vector, embedder=_COLUMN_EMBEDDERS[key])
+    # build_embedder's model (the actors' too, so both give the same vectors), loaded once
+    # per process and shared with the driver's extractor
+    column = EmbedColumn(ctx.config, text, vector, embedder=shared_embedder(ctx.config))
     return ray.data.from_arrow([column(ray.get(ref)) for ref in rows.to_arrow_refs()])
 
 
