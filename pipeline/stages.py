@@ -135,6 +135,11 @@ def _small(ds: MaterializedDataset, ctx: RunContext) -> pa.Table | None:
     return pa.concat_tables(tables, promote_options="default") if tables else None
 
 
+def _map_on_driver(ds: Dataset, fn: Callable[[pa.Table], pa.Table]) -> Dataset:
+    """`fn` over each Arrow block of `ds` in this process (the driver paths of small work)."""
+    return ray.data.from_arrow([fn(ray.get(ref)) for ref in ds.to_arrow_refs()])
+
+
 def _as_dataset(table: pa.Table) -> Dataset:
     return ray.data.from_arrow(table) if table.num_rows else empty_dataset()
 
@@ -331,7 +336,7 @@ def _extract_on_driver(ctx: RunContext, episodes: Dataset) -> Dataset:
     if key not in _DRIVER_EXTRACTORS:
         _DRIVER_EXTRACTORS[key] = ExtractBatch(ctx.config)
     extract = _DRIVER_EXTRACTORS[key]
-    return ray.data.from_arrow([extract(ray.get(ref)) for ref in episodes.to_arrow_refs()])
+    return _map_on_driver(episodes, extract)
 
 
 def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -650,7 +655,7 @@ def _embed_on_driver(ctx: RunContext, rows: Dataset, text: str, vector: str) -> 
     # build_embedder's model (the actors' too, so both give the same vectors), loaded once
     # per process and shared with the driver's extractor
     column = EmbedColumn(ctx.config, text, vector, embedder=shared_embedder(ctx.config))
-    return ray.data.from_arrow([column(ray.get(ref)) for ref in rows.to_arrow_refs()])
+    return _map_on_driver(rows, column)
 
 
 def embed_column(ctx: RunContext, ds: Dataset, text: str, vector: str) -> Dataset:
