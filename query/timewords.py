@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
+from tkg.pipeline.extract.dates import add_months
+
 Window = tuple[datetime, datetime]  # [start, end)
 
 _MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
@@ -77,8 +79,8 @@ def _relative(g: dict[str, str | None], now: datetime) -> Window:
         if unit == "year":
             return datetime(now.year - 1, 1, 1, tzinfo=UTC), datetime(now.year, 1, 1, tzinfo=UTC)
         if unit == "month":
-            return _month_window(*((now.year, now.month - 1) if now.month > 1
-                                   else (now.year - 1, 12)))
+            last = add_months(datetime(now.year, now.month, 1, tzinfo=UTC), -1)
+            return _month_window(last.year, last.month)
         return now - timedelta(days=14), now  # last week(end): the fortnight up to now
     count = g["count"].lower()
     number = _NUMBERS.get(" ".join(count.split())) or int(count)
@@ -92,5 +94,5 @@ def _month(text: str) -> int:
 
 
 def _month_window(year: int, month: int) -> Window:
-    return (datetime(year, month, 1, tzinfo=UTC),
-            datetime(year + (month == 12), month % 12 + 1, 1, tzinfo=UTC))
+    start = datetime(year, month, 1, tzinfo=UTC)
+    return start, add_months(start, 1)

@@ -52,3 +52,9 @@ def test_no_windows(question):
 def test_naive_now_is_utc():
     assert days(windows("in May 2023", NOW.replace(tzinfo=None))) == [
         ("2023-05-01", "2023-06-01")]
+
+
+def test_month_arithmetic_wraps_the_year():
+    january = datetime(2024, 1, 20, tzinfo=UTC)
+    assert days(windows("What happened last month?", january)) == [("2023-12-01", "2024-01-01")]
+    assert days(windows("in December 2023", january)) == [("2023-12-01", "2024-01-01")]

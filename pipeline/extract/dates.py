@@ -11,8 +11,6 @@ import re
 from datetime import UTC, datetime
 from functools import lru_cache
 
-import dateparser
-
 LEADING_WORDS = re.compile(
     r"^(?:on|in|at|since|from|by|during|around|about|circa|as of|early|late|mid|the)\s+", re.I
 )
@@ -47,12 +45,13 @@ def _season(match: re.Match[str], t_ref: datetime) -> datetime:
         return this_year if this_year > t_ref else this_year.replace(year=t_ref.year + 1)
     if (which or "").lower() in ("last", "past"):
         # The most recent such season that ended (seasons last three months) before t_ref.
-        end = _add_months(this_year, 3)
+        end = add_months(this_year, 3)
         return this_year if end <= t_ref else this_year.replace(year=t_ref.year - 1)
     return this_year
 
 
-def _add_months(moment: datetime, months: int) -> datetime:
+def add_months(moment: datetime, months: int) -> datetime:
+    """`moment` moved by whole calendar months (its day must exist in the target month)."""
     index = moment.month - 1 + months
     return moment.replace(year=moment.year + index // 12, month=index % 12 + 1)
 
@@ -70,6 +69,8 @@ def _resolve(text: str, t_ref: datetime, date_order: str, prefer: str) -> dateti
         return _season(match, t_ref)
     if cleaned.isdigit():  # "5", "1990" handled above; bare numbers are not dates
         return None
+    import dateparser  # (here: a search imports add_months, and dateparser costs ~50 ms)
+
     parsed = dateparser.parse(
         cleaned,
         languages=["en"],
