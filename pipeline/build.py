@@ -98,7 +98,7 @@ def init_ray(config: TkgConfig) -> int:
 
 def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Location]) -> dict[str, int]:
     """One attempt at a stage: read its inputs, run it, write its outputs; rows per output."""
-    inputs = {name: outputs.read([done[name]]) for name in stage.inputs}
+    inputs = {name: outputs.read([done[name]], ctx.driver_bytes) for name in stage.inputs}
     inputs = faults.worker_inputs(stage.name, inputs, ctx.work_dir)
     faults.hit("stage_error", stage.name)
     results = stage.run(ctx, inputs)

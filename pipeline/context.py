@@ -34,6 +34,11 @@ class RunContext:
         """Hash-shuffle partitions for groupbys and joins."""
         return self.config.ray.shuffle_partitions or 2 * self.cpus
 
+    @property
+    def driver_bytes(self) -> int:
+        """What the driver takes on itself instead of Ray tasks (`ray.driver_mb`)."""
+        return int(self.config.ray.driver_mb * 2**20)
+
     def partitions_for(self, rows: int) -> int:
         """More partitions for big shuffles, so one block (one task's memory) stays near
         `ray.rows_per_partition` rows whatever the input size."""

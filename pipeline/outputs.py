@@ -30,10 +30,12 @@ def part_files(folder: Location) -> list[str]:
     return storage.list_files(folder, suffixes={".parquet"})
 
 
-def read(folders: Iterable[Location]) -> Dataset:
+def read(folders: Iterable[Location], driver_bytes: int = 0) -> Dataset:
     """Finished outputs as one dataset, loaded before the next stage starts: actor pools then
-    never wait for CPU slots held by read tasks (a deadlock on small machines)."""
-    return read_parquet_files([f for folder in folders for f in part_files(folder)])
+    never wait for CPU slots held by read tasks (a deadlock on small machines). Outputs that
+    fit `driver_bytes` are read by this process (`read_parquet_files`)."""
+    return read_parquet_files([f for folder in folders for f in part_files(folder)],
+                              driver_bytes=driver_bytes)
 
 
 def write(dataset: Dataset, target: Location, table_schema: pa.Schema) -> int:

@@ -91,7 +91,7 @@ def run_in_chunks(ctx: RunContext, stage: Stage, key: str, chunk_rows: int,
                                     schema.WORK_TABLES[name](ctx.dim)) for name in stage.outputs}
         outputs.mark_finished(chunk_dir, {"rows": rows, "counters": ctx.counted_since(before)})
         log.info("%s chunk %d/%d done: %s", stage.name, index + 1, chunks, rows)
-    return {name: outputs.read(storage.join(d, name) for d in chunk_dirs)
+    return {name: outputs.read((storage.join(d, name) for d in chunk_dirs), ctx.driver_bytes)
             for name in stage.outputs}
 
 
