@@ -275,6 +275,9 @@ RESOLUTION_PAIRS = pa.schema([
     ("group_id", pa.string()), ("a", pa.string()), ("b", pa.string()),
     ("evidence", pa.string()), ("score", pa.float64()), ("merge", pa.bool_()),
 ])
+# The subjects whose edges an incremental run rebuilt (facts -> versions): every other
+# subject's stored versions stay as they are (entity ids hold their group).
+RECOMPUTED_SUBJECTS = pa.schema([("source_entity_id", pa.string())])
 ALIAS_MAP = pa.schema([
     ("group_id", pa.string()), ("normalized", pa.string()), ("entity_id", pa.string()),
     ("root", pa.string()), ("evidence", pa.string()), ("score", pa.float64()),
@@ -297,6 +300,7 @@ WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "entity_aliases": lambda _dim: ENTITY_ALIASES,
     "mentions": lambda _dim: MENTIONS,
     "merged_facts": lambda _dim: MERGED_FACTS,
+    "recomputed_subjects": lambda _dim: RECOMPUTED_SUBJECTS,
     "episodes_embedded": episodes,
     "entities": entities,
     "facts": facts,
