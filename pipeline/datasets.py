@@ -31,9 +31,6 @@ def _read_file(path: str, config: StorageConfig | None,
     return storage.read_parquet(path, columns=columns)
 
 
-PARQUET_EXPANSION = 4  # Arrow bytes per Parquet byte (zstd), to size a read in advance
-
-
 def read_parquet_files(files: Sequence[str], columns: Sequence[str] | None = None,
                        driver_bytes: int = 0) -> MaterializedDataset:
     """One Ray task per file, each file one block, already materialized. Ray Data's
@@ -47,7 +44,8 @@ def read_parquet_files(files: Sequence[str], columns: Sequence[str] | None = Non
     0.4 s on the loaded machine; a night's outputs are a few MB)."""
     with_rows = [f for f in files if posixpath.basename(str(f)) != EMPTY_PART]
     chosen = with_rows or list(files[:1])
-    if driver_bytes and sum(storage.each(storage.size, chosen)) * PARQUET_EXPANSION <= driver_bytes:
+    if driver_bytes and sum(storage.each(lambda f: storage.parquet_bytes(f, columns),
+                                         chosen)) <= driver_bytes:
         return from_tables(storage.each(lambda f: storage.read_parquet(f, columns), chosen))
     config = storage.configured()
     return ray.data.from_arrow_refs([_read_file.remote(str(f), config, columns)
