@@ -254,6 +254,7 @@ class OneSearch:
         self.origins = [self._entity_row(o, "origin") for o in origins or ()]
         self.conversation_id = conversation_id
         self._vector: np.ndarray | None = None
+        self._episode_text: str | None = None
         self._groups: set[int] | None = None  # codes of the scope's groups
         self._named: tuple[list[int], list[int]] | None = None  # (entities, spoken turns)
 
@@ -270,36 +271,46 @@ class OneSearch:
             self._vector = self.retriever.embed(self.text)
         return self._vector
 
+    def vector_of(self, text: str) -> np.ndarray:
+        return self.vector if text == self.text else self.retriever.embed(text)
+
+    def unnamed_text(self) -> str:
+        """The question without the names of the speakers it names (`recipe.unnamed`)."""
+        if self._episode_text is None:
+            self._episode_text = link.name_index(self.snap).without_speakers(
+                self.text, allowed_groups(self.snap, self.scope).tolist())
+        return self._episode_text
+
     def pool_of(self, kind: str) -> int:
         """Candidates per method of one kind: its part's own number, else the recipe's."""
         part = getattr(self.recipe, kind)
         return max(part.candidates, self.limit) if part and part.candidates else self.pool
 
-    def hits(self, kind: str, method: str) -> Any:
-        """The LanceDB search of one kind and method (a coroutine)."""
+    def hits(self, kind: str, method: str, text: str) -> Any:
+        """The LanceDB search of one kind and method for `text` (a coroutine)."""
         table = self.snap.kinds[kind]
         if method == "cosine":
-            return cosine(table, self.vector, self.scope, self.pool_of(kind),
+            return cosine(table, self.vector_of(text), self.scope, self.pool_of(kind),
                           self.retriever.config)
-        return bm25(table, self.text, self.scope, self.pool_of(kind))
+        return bm25(table, text, self.scope, self.pool_of(kind))
 
-    def _in_memory(self, kind: str, method: str) -> Any:
+    def _in_memory(self, kind: str, method: str, text: str) -> Any:
         """A search that can run in memory (a function of nothing), or None."""
         if method == "cosine":
             spans = exact_spans(self.snap, kind, self.scope, self.retriever.config)
             return None if spans is None else partial(
-                exact_cosine, self.snap, kind, self.vector, self.scope, self.pool_of(kind),
-                self.retriever.config, spans)
+                exact_cosine, self.snap, kind, self.vector_of(text), self.scope,
+                self.pool_of(kind), self.retriever.config, spans)
         spans = text_spans(self.snap, kind, self.scope)
         return None if spans is None else partial(
-            memory_bm25, self.snap, kind, self.text, self.scope, self.pool_of(kind), spans)
+            memory_bm25, self.snap, kind, text, self.scope, self.pool_of(kind), spans)
 
-    def _candidates(self, wanted: list[tuple[str, str]]) -> list[Hits]:
-        """Every (kind, method)'s hits: the LanceDB searches start first, then the
+    def _candidates(self, wanted: list[tuple[str, str, str]]) -> list[Hits]:
+        """Every (kind, method, text)'s hits: the LanceDB searches start first, then the
         in-memory searches run on this thread while LanceDB works on its own."""
-        local = {i: f for i, (kind, method) in enumerate(wanted)
-                 if (f := self._in_memory(kind, method)) is not None}
-        running = start([self.hits(kind, method) for i, (kind, method) in enumerate(wanted)
+        local = {i: f for i, search in enumerate(wanted)
+                 if (f := self._in_memory(*search)) is not None}
+        running = start([self.hits(*search) for i, search in enumerate(wanted)
                          if i not in local])
         try:
             exact = {i: search() for i, search in local.items()}
@@ -309,11 +320,27 @@ class OneSearch:
             raise
         return [exact[i] if i in exact else next(remote) for i in range(len(wanted))]
 
+    def _searched(self, wanted: list[tuple[str, str]]) -> list[Hits]:
+        """Each (kind, method)'s hits; for the recipe's `unnamed` episode methods, turns
+        (episodes with a speaker) are scored against the question without the speakers'
+        names, while records and documents, which name whom they are about, keep it."""
+        unnamed = self.unnamed_text() if self.recipe.unnamed else self.text
+        twice = [i for i, (kind, method) in enumerate(wanted) if unnamed != self.text
+                 and kind == "episodes" and method in self.recipe.unnamed]
+        found = self._candidates([(kind, method, self.text) for kind, method in wanted]
+                                 + [(*wanted[i], unnamed) for i in twice])
+        turns = link.name_index(self.snap).turns if twice else None
+        for i, spoken in zip(twice, found[len(wanted):], strict=True):
+            merged = ([h for h in spoken if turns[h[0]]]
+                      + [h for h in found[i] if not turns[h[0]]])
+            found[i] = sorted(merged, key=lambda h: -h[1])[:self.pool_of(wanted[i][0])]
+        return found[:len(wanted)]
+
     def result(self) -> SearchResult:
         parts = {k: getattr(self.recipe, k) for k in KINDS if getattr(self.recipe, k)}
         wanted = [(kind, m) for kind, part in parts.items() for m in part.methods
                   if m not in ("bfs", "linked")]
-        found = self._candidates(wanted)
+        found = self._searched(wanted)
         lists: dict[str, list[list[int]]] = {kind: [] for kind in parts}
         scores: dict[str, list[list[float] | None]] = {kind: [] for kind in parts}
         methods: dict[str, list[str]] = {kind: [] for kind in parts}  # of each list
@@ -386,23 +413,27 @@ class OneSearch:
                 for e in self._episode_rows(fact["episode_ids"] or [])]
 
     def _episode_factor(self) -> Any:
-        """Row -> score factor: `other_speaker` for a turn spoken by someone else when the
-        question names speakers, times `time_boost` inside the question's time windows."""
+        """Row -> score factor: `named_speaker` for a turn a named person spoke,
+        `other_speaker` for a turn spoken by someone else that names no named person or
+        thing, times `time_boost` inside the question's time windows."""
         recipe = self.recipe
         spoken: set[int] = set()
+        about: set[int] = set()
         turns = None
-        if recipe.other_speaker != 1.0:
+        if recipe.other_speaker != 1.0 or recipe.named_speaker != 1.0:
             entities, spoken_rows = self.named()
             spoken, turns = set(spoken_rows), link.name_index(self.snap).turns
             if spoken and entities:  # what others said about a named person or thing
-                spoken.update(self.snap.entity_episodes.of_many(
+                about = set(self.snap.entity_episodes.of_many(
                     np.asarray(entities, dtype=np.int64)).tolist())
         windows = self._time_windows() if recipe.time_boost != 1.0 else []
         valid = self.snap.kinds["episodes"].times.get("valid_at_us")
 
         def factor(row: int) -> float:
             value = 1.0
-            if spoken and turns is not None and turns[row] and row not in spoken:
+            if row in spoken:
+                value *= recipe.named_speaker
+            elif spoken and turns is not None and turns[row] and row not in about:
                 value *= recipe.other_speaker
             if windows and valid is not None and any(a <= valid[row] < b for a, b in windows):
                 value *= recipe.time_boost

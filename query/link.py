@@ -49,6 +49,27 @@ class NameIndex:
         rows = np.unique(np.concatenate(spoken)).tolist() if spoken else []
         return list(dict.fromkeys(entities)), rows
 
+    def without_speakers(self, text: str, groups: Iterable[int]) -> str:
+        """`text` with the names of the speakers it names taken out ("What activities does
+        Melanie partake in?" -> "What activities does partake in?"), for matching what
+        they said: their turns seldom name them, the other person's turns do ("Hey
+        Melanie!"). A text that is nothing but names is kept whole."""
+        names = set().union(*(self.speakers.get(g, {}) for g in groups))
+        found = list(WORD.finditer(text))
+        tokens = [m.group().lower().removesuffix("'s") for m in found]
+        cut: list[tuple[int, int]] = []
+        i = 0
+        while i < len(tokens):
+            n = next((n for n in range(min(MAX_NAME_WORDS, len(tokens) - i), 0, -1)
+                      if tuple(tokens[i:i + n]) in names), 0)
+            if n:
+                cut.append((found[i].start(), found[i + n - 1].end()))
+            i += n or 1
+        left = text
+        for start, end in reversed(cut):
+            left = left[:start] + left[end:]
+        return " ".join(left.split()) if WORD.search(left) else text
+
 
 def spans(tokens: list[str]) -> list[tuple[str, ...]]:
     """Every run of up to MAX_NAME_WORDS consecutive words, longest first at each start."""

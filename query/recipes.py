@@ -63,6 +63,13 @@ class Recipe:
     # Score factor of a turn spoken by someone else when the question names speakers of the
     # groups (a question about Melanie's hobbies is answered by what Melanie said); 1: off.
     other_speaker: float = 1.0
+    # Score factor of a turn spoken by a person the question names (above the turns of
+    # others that name them: "Hey Melanie!" is not Melanie's hobby); 1: off.
+    named_speaker: float = 1.0
+    # Episode methods ("cosine", "bm25") that search the question without the names of the
+    # speakers it names (`link.NameIndex.without_speakers`): who spoke is the speaker
+    # factors' business, and the name matches the other person's turns ("Hey Melanie!").
+    unnamed: tuple[str, ...] = ()
     # Score factor of episodes inside the windows of valid time the question's own words name
     # ("in May 2023", "last year": `tkg.query.timewords`), when the caller set no valid-time
     # filter; 1: off.
@@ -113,9 +120,19 @@ DEFAULT_FACTS = Part(("cosine", "bm25", "bfs", "linked"), "rrf", weights=(1.5, 1
 #   the corpus 0.07 (0.929 -> 0.860): facts there cite many records each.
 # - rrf_k 40 (every kind's fusion): LoCoMo 0.713 -> 0.719, recall@1 0.321 -> 0.332 (k 20:
 #   0.718, 100: 0.704); corpus 0.929 -> 0.941 (k 20 and 30 the same).
+# - named_speaker 1.5: 0.706 -> 0.720 (multi-hop 0.429 -> 0.452, temporal 0.767 -> 0.790,
+#   open-domain 0.388 -> 0.402, single-hop 0.809 -> 0.818); 1.25: 0.718; 2: 0.720 but the
+#   corpus 0.941 -> 0.866. In LoCoMo 96% of the evidence turns of a question naming a
+#   speaker are that speaker's own.
+# - unnamed ("cosine",): 0.720 -> 0.742 (multi-hop 0.452 -> 0.489, open-domain 0.402 ->
+#   0.456, single-hop 0.818 -> 0.841, temporal 0.790 -> 0.788; recall@1 0.333 -> 0.348).
+#   BM25 unnamed too: LoCoMo 0.738 (multi-hop 0.500) but the corpus 0.941 -> 0.884, whose
+#   evidence includes others' turns that name the person ("Tom goes to Oak Park Primary").
+#   Records and documents keep the name: without that the corpus lost a CRM record (0.931).
 TURNS = Part(("cosine", "bm25"), "rrf", weights=(1.0, 2.0), candidates=100)
 DEFAULT_WEIGHING = {"provenance_facts": 10, "turn_window": (0.5, 0.5), "other_speaker": 0.5,
-                    "time_boost": 2.0, "rrf_k": 40}
+                    "named_speaker": 1.5, "unnamed": ("cosine",), "time_boost": 2.0,
+                    "rrf_k": 40}
 
 RECIPES: MappingProxyType[str, Recipe] = MappingProxyType({r.name: r for r in (
     Recipe("combined_hybrid_rrf", "facts, entities, communities and episodes: cosine + BM25 "

@@ -57,3 +57,15 @@ def test_linked_episodes_in_a_search(tmp_path):
     spoken = retriever.search("What did Ana say?", "g1", recipe=only_linked)
     assert {e.source_id for e in spoken.episodes} == {"m1", "m2", "m3", "m4"}  # her turns
     assert retriever.search("Where does Zed work?", "g1", recipe=only_linked).episodes == []
+
+
+@pytest.mark.parametrize("question, left", [
+    ("What are Daniel Okafor's hobbies?", "What are hobbies?"),
+    ("What did Daniel say about Berlin?", "What did say about Berlin?"),  # places stay
+    ("Did Maria move?", "Did move?"),  # a speaker's first name, even when two share it
+    ("Daniel Okafor", "Daniel Okafor"),  # nothing but a name: kept whole
+    ("Where is Paris?", "Where is Paris?"),
+])
+def test_without_speakers(question, left):
+    assert index().without_speakers(question, [0]) == left
+    assert index().without_speakers(question, [1]) == question  # another group's speakers

@@ -267,3 +267,46 @@ def test_a_question_naming_a_speaker_prefers_what_they_said_or_what_names_them(r
         speaker = speakers.get(hit.source_id)
         assert speaker in (None, "Sam Patel") or "Sam" in hit.content, (hit, speaker)
     assert any(e.source_id not in speakers for e in scored)  # a ticket or a document
+
+
+def _speakers() -> dict[str, str]:
+    return {record["id"]: record["speaker"] for line in
+            (CORPUS / "conversations.jsonl").read_text().splitlines()
+            if (record := json.loads(line))}
+
+
+def test_a_named_speakers_turns_come_first_with_named_speaker(retriever):
+    from dataclasses import replace
+
+    speakers = _speakers()
+
+    def first(named_speaker):
+        recipe = replace(retriever.recipe(), named_speaker=named_speaker)
+        return [speakers.get(e.source_id) for e in retriever.search(
+            "What did Sam Patel say about the tickets?", ["acme"], recipe=recipe).episodes][:5]
+
+    assert first(1.0)[0] != "Sam Patel"  # a ticket
+    assert first(10.0) == ["Sam Patel"] * 5
+
+
+def test_turns_are_matched_without_the_speakers_names_records_with_them(retriever):
+    """`unnamed`: turns are scored against the question without the names of the speakers
+    it names; records and documents (no speaker) against the whole question."""
+    from dataclasses import replace
+
+    from tkg.query.recipes import Part, get_recipe
+
+    speakers = _speakers()
+    cosine = replace(get_recipe("episodes_flat_rrf"), episodes=Part(("cosine",)),
+                     candidates=40)
+    unnamed = replace(cosine, unnamed=("cosine",))
+
+    def order(question, recipe, turns):
+        return [e.source_id for e in retriever.search(question, ["acme"], recipe=recipe,
+                                                      limit=40).episodes
+                if (e.source_id in speakers) == turns]
+
+    question = "What did Sam Patel say about the tickets?"
+    assert order(question, unnamed, False) == order(question, cosine, False)
+    without = order("What did say about the tickets?", cosine, True)[:5]
+    assert order(question, unnamed, True)[:5] == without != order(question, cosine, True)[:5]
