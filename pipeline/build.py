@@ -24,7 +24,7 @@ from tkg.pipeline import faults, outputs, reliability, schema, sources, storage,
 from tkg.pipeline.config import StorageConfig, TkgConfig
 from tkg.pipeline.embed import embedding_dim
 from tkg.pipeline.llm.usage import llm_summary
-from tkg.pipeline.stages import INTERNAL_EXTRACTIONS, STAGES, RunContext, Stage
+from tkg.pipeline.stages import INTERNAL_EXTRACTIONS, INTERNAL_PAIRS, STAGES, RunContext, Stage
 from tkg.pipeline.storage import Location
 
 log = logging.getLogger("tkg.build")
@@ -166,6 +166,7 @@ def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
     tables = {table: _writer(out[work], schema.PUBLISHED[table](ctx.dim))
               for work, table in PUBLISH.items()}
     tables[INTERNAL_EXTRACTIONS] = _writer(out["extractions"], schema.EXTRACTIONS)
+    tables[INTERNAL_PAIRS] = _writer(out["resolution_pairs"], schema.RESOLUTION_PAIRS)
     rejects = {name: store.read_table(storage.join(out[name], ".."), storage.name(out[name]),
                                       schema.REJECTS) for name in REJECT_OUTPUTS}
     every_reject = pa.concat_tables([

@@ -489,3 +489,71 @@ def changed_entities(stored: pa.Table, alias_map: pa.Table) -> set[str]:
     before, after = names(stored), names(alias_map)
     return {entity for entity in before.keys() | after.keys()
             if before.get(entity) != after.get(entity)}
+
+
+# --- a later run: pairs decided against what is stored ---------------------------------------
+#
+# A pair decision reads only its two names (`PAIR_FEATURES`, their vectors) and the block
+# that holds them (its most mentioned `max_block` names; for first names, how many full
+# names share it). A name node changes only when a run mentions it. So a stored pair whose
+# blocks hold no name mentioned tonight is decided as before, and a run recomputes only the
+# blocks its names fall in, plus every block of a stored pair it may drop (the pair may
+# still come from one of them). A pair between two unchanged names that a recomputed block
+# yields again keeps its stored row, an adjudicator's answer included: nothing is judged
+# twice. Stored pairs assume the same resolve settings (a change of them needs a full build).
+
+
+def _name_keys_frame(keyed: pa.Table) -> pl.DataFrame:
+    return pl.from_arrow(keyed.select(["group_id", "normalized", "key"])).unique()
+
+
+def _shared_keys(pairs: pl.DataFrame, keys: pl.DataFrame) -> pl.DataFrame:
+    """(group_id, a, b, key) for each block key both names of a pair are under."""
+    return (pairs.select("group_id", "a", "b").unique()
+            .join(keys.rename({"normalized": "a"}), on=["group_id", "a"])
+            .join(keys.rename({"normalized": "b"}), on=["group_id", "b", "key"]))
+
+
+def blocks_to_recompute(stored: pa.Table, keyed: pa.Table, changed: pa.Table
+                        ) -> tuple[pa.Table, pa.Table]:
+    """(stored pairs kept as they are, the (group_id, key) blocks to recompute) for names
+    `changed` (group_id, normalized) tonight."""
+    keys = _name_keys_frame(keyed)
+    touched = keys.join(pl.from_arrow(changed).unique(), on=["group_id", "normalized"]
+                        ).select("group_id", "key").unique()
+    pairs = pl.from_arrow(stored)
+    shared = _shared_keys(pairs, keys)
+    dropped = shared.join(touched, on=["group_id", "key"]).select("group_id", "a", "b").unique()
+    blocks = pl.concat([touched, shared.join(dropped, on=["group_id", "a", "b"])
+                        .select("group_id", "key")]).unique()
+    kept = pairs.join(dropped, on=["group_id", "a", "b"], how="anti")
+    return (schema.conform(kept.to_arrow(), PAIRS),
+            blocks.sort(["group_id", "key"]).to_arrow().cast(BLOCKS))
+
+
+BLOCKS = pa.schema([("group_id", pa.string()), ("key", pa.string())])
+
+
+def known_pairs(fresh: pa.Table, stored: pa.Table, changed: pa.Table) -> tuple[pa.Table,
+                                                                               pa.Table]:
+    """The recomputed blocks' pairs split into (stored rows of pairs between unchanged names
+    that the blocks yield again, pairs with a changed name: tonight's decisions)."""
+    names = pl.from_arrow(changed).unique().with_columns(changed=pl.lit(True))
+    decided = (pl.from_arrow(fresh)
+               .join(names.rename({"normalized": "a", "changed": "changed_a"}),
+                     on=["group_id", "a"], how="left")
+               .join(names.rename({"normalized": "b", "changed": "changed_b"}),
+                     on=["group_id", "b"], how="left"))
+    new = decided.filter(pl.col("changed_a").is_not_null() | pl.col("changed_b").is_not_null())
+    again = decided.filter(pl.col("changed_a").is_null() & pl.col("changed_b").is_null())
+    repeated = pl.from_arrow(stored).join(again.select("group_id", "a", "b").unique(),
+                                          on=["group_id", "a", "b"])
+    return (schema.conform(repeated.to_arrow(), PAIRS),
+            schema.conform(new.drop("changed_a", "changed_b").to_arrow(), PAIRS))
+
+
+def distinct_pairs(pairs: pa.Table) -> pa.Table:
+    """Each pair row once, in (group_id, a, b, evidence) order."""
+    frame = pl.from_arrow(schema.conform(pairs, PAIRS)).unique()
+    return schema.conform(frame.sort(["group_id", "a", "b", "evidence", "merge"]).to_arrow(),
+                          PAIRS)

@@ -70,6 +70,7 @@ def all_extractions(ctx: RunContext, new: Dataset, columns: list[str]) -> Datase
 
 
 INTERNAL_EXTRACTIONS = "_extractions"  # published with each snapshot, not in the catalog
+INTERNAL_PAIRS = "_resolution_pairs"  # the pairs resolution decided (what a later run keeps)
 # What entity resolution and facts read of earlier extractions (not raw LLM output).
 ENTITY_COLUMNS = ["group_id", "episode_id", "valid_at", "entities"]
 FACT_COLUMNS = ["group_id", "episode_id", "valid_at", "facts"]
@@ -458,14 +459,15 @@ def _undecided(pairs: Dataset) -> int:
     return int(pc.sum(pc.invert(merge)).as_py() or 0) if len(merge) else 0
 
 
-def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
-    """Blocking keys -> pair decisions (-> adjudicator) -> connected components, each a
-    shuffle keyed by group."""
-    nodes = inputs["name_vectors"]
-    keyed = mapped(ctx, nodes, resolve.blocking_keys, ctx.config.resolve).materialize()
-    pairs = shuffled(keyed, ["group_id", "key"], resolve.candidate_pairs, ctx,
-                     ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
-                     ).materialize()
+def _candidates(ctx: RunContext, keyed: Dataset) -> Dataset:
+    """Pair decisions of the blocks in `keyed` (shuffled by block)."""
+    return shuffled(keyed, ["group_id", "key"], resolve.candidate_pairs, ctx,
+                    ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
+                    ).materialize()
+
+
+def _adjudicated(ctx: RunContext, pairs: Dataset) -> Dataset:
+    """`pairs` with the undecided ones put to the configured adjudicator (if any)."""
     undecided = _undecided(pairs)
     ctx.count("ambiguous_pairs", undecided)
     if undecided and ctx.config.resolve.adjudicator != "none":
@@ -474,6 +476,44 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
             compute=ActorPoolStrategy(size=1), num_cpus=1, **model_actors(ctx)).materialize()
         pairs = take_usage(ctx, pairs, "resolve").materialize()  # LLM judges' calls, tokens
         ctx.count("adjudicated_pairs", undecided - _undecided(pairs))
+    return pairs
+
+
+KEY_COLUMNS = ["group_id", "normalized", "key"]
+
+
+def _pairs_against_stored(ctx: RunContext, keyed: Dataset, stored: Dataset,
+                          new: Dataset) -> Dataset:
+    """The pairs of a later run: the stored ones no name of tonight can alter, and the
+    blocks tonight's names fall in decided again (`resolve.blocks_to_recompute`); only
+    pairs with a name of tonight go to the adjudicator. The store's block keys come to the
+    driver as three string columns; the pairs are a few per name."""
+    names = resolve.PAIRS.names
+    changed = _on_driver(mapped(ctx, new, resolve.mention_rows), ["group_id", "normalized"])
+    before = schema.conform(_on_driver(stored, names), resolve.PAIRS)
+    kept, blocks = resolve.blocks_to_recompute(before, _on_driver(keyed, KEY_COLUMNS), changed)
+    ctx.count("resolve_blocks_recomputed", blocks.num_rows)
+    chosen = set(_name_keys(blocks["group_id"], blocks["key"]).to_pylist())
+    fresh = _candidates(ctx, mapped(ctx, keyed, _in_set("key", chosen, group_column="group_id")
+                                    ).materialize())
+    repeated, tonight = resolve.known_pairs(
+        schema.conform(_on_driver(fresh, names), resolve.PAIRS), before, changed)
+    decided = _on_driver(_adjudicated(ctx, _as_dataset(tonight)), names)
+    return _as_dataset(resolve.distinct_pairs(pa.concat_tables(
+        [kept, repeated, schema.conform(decided, resolve.PAIRS)])))
+
+
+def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Blocking keys -> pair decisions (-> adjudicator) -> connected components, each a
+    shuffle keyed by group. A later run decides only the blocks its names fall in and
+    keeps the stored pairs of the others (`_pairs_against_stored`)."""
+    nodes = inputs["name_vectors"]
+    keyed = mapped(ctx, nodes, resolve.blocking_keys, ctx.config.resolve).materialize()
+    stored = previous_table(ctx, INTERNAL_PAIRS)
+    if stored is None:
+        pairs = _adjudicated(ctx, _candidates(ctx, keyed))
+    else:
+        pairs = _pairs_against_stored(ctx, keyed, stored, inputs["extractions"])
     every_node = mapped(ctx, nodes, resolve.node_pairs)
     alias_map = shuffled(united(ctx, pairs, every_node), ["group_id"], resolve.cluster, ctx
                          ).materialize()

@@ -8,10 +8,13 @@ from tkg.pipeline import schema
 from tkg.pipeline.config import ResolveConfig
 from tkg.pipeline.resolve import (
     blocking_keys,
+    blocks_to_recompute,
     candidate_pairs,
     cluster,
     core_name,
     deletion_keys,
+    distinct_pairs,
+    known_pairs,
     node_pairs,
     normalize_name,
 )
@@ -142,3 +145,54 @@ def test_a_shared_label_overrides_a_stray_place_label():
     ])
     assert roots["Initech"] == roots["Initech Inc."]
     assert roots["Paris"] != roots["Paris Hilton"]
+
+
+def _nodes_table(nodes: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist([
+        {"group_id": n["group_id"], "normalized": n["normalized"], "name": n["name"],
+         "labels": n["labels"], "mention_count": n["mention_count"],
+         "name_embedding": n["name_embedding"]} for n in nodes])
+
+
+def _unit(*values: float) -> list[float]:
+    vector = np.array(values, dtype=np.float32)
+    return (vector / np.linalg.norm(vector)).tolist()
+
+
+def _rows(pairs: pa.Table) -> list[tuple]:
+    return sorted((p["a"], p["b"], p["evidence"], p["merge"]) for p in pairs.to_pylist())
+
+
+def test_a_later_run_decides_only_its_blocks_and_keeps_stored_answers():
+    """Stored pairs + the blocks tonight's names fall in = every pair decided again, and a
+    stored adjudicator's answer between two names tonight did not mention stays."""
+    before = [node("Alice Walker"), node("Alice", mentions=3),
+              node("Globex", ("Organization",), vector=_unit(1, 0, 0, 0)),
+              node("Initrode", ("Organization",), vector=_unit(1, 0.5, 0, 0)),
+              node("Contoso Ltd", ("Organization",)), node("Kim", ("Person",))]
+    # tonight: a second Alice (the lone "Alice" no longer goes to Alice Walker), a new
+    # spelling of Contoso, and more mentions of Kim
+    tonight = [node("Alice Chen"), node("Contosso Ltd", ("Organization",)),
+               node("Kim", ("Person",), mentions=2)]
+    stored = candidate_pairs(blocking_keys(_nodes_table(before), CONFIG), CONFIG)
+    judged = [dict(p, merge=True, evidence="llm") if p["evidence"] == "embedding" else p
+              for p in stored.to_pylist()]  # an adjudicator said yes to Globex/Initrode
+    stored = pa.Table.from_pylist(judged, schema=schema.RESOLUTION_PAIRS)
+    everyone = _nodes_table([n for n in before if n["normalized"] != "kim"] + tonight)
+    keyed = blocking_keys(everyone, CONFIG)
+    changed = pa.table({"group_id": ["g"] * len(tonight),
+                        "normalized": [n["normalized"] for n in tonight]})
+    kept, blocks = blocks_to_recompute(stored, keyed, changed)
+    chosen = {(g, k) for g, k in zip(blocks["group_id"].to_pylist(),
+                                     blocks["key"].to_pylist(), strict=True)}
+    rows = keyed.filter(pa.array([(g, k) in chosen for g, k in zip(
+        keyed["group_id"].to_pylist(), keyed["key"].to_pylist(), strict=True)]))
+    repeated, new = known_pairs(candidate_pairs(rows, CONFIG), stored, changed)
+    later = distinct_pairs(pa.concat_tables([kept, repeated, new]))
+    whole = candidate_pairs(keyed, CONFIG)
+    assert ("globex", "initrode", "llm", True) in _rows(later)  # kept, not judged again
+    assert _rows(new) == [("contoso ltd", "contosso ltd", "spelling", True)]
+    without_judged = [r for r in _rows(later) if r[2] != "llm"]
+    assert without_judged == [r for r in _rows(whole) if r[2] != "embedding"]
+    assert ("alice", "alice walker", "first_name", True) in _rows(stored)
+    assert ("alice", "alice walker", "first_name", True) not in _rows(later)
