@@ -275,7 +275,7 @@ class OneSearch:
         return self.vector if text == self.text else self.retriever.embed(text)
 
     def unnamed_text(self) -> str:
-        """The question without the names of the speakers it names (`recipe.unnamed`)."""
+        """The question without the names of the speakers it names (`Part.unnamed`)."""
         if self._episode_text is None:
             self._episode_text = link.name_index(self.snap).without_speakers(
                 self.text, allowed_groups(self.snap, self.scope).tolist())
@@ -321,19 +321,23 @@ class OneSearch:
         return [exact[i] if i in exact else next(remote) for i in range(len(wanted))]
 
     def _searched(self, wanted: list[tuple[str, str]]) -> list[Hits]:
-        """Each (kind, method)'s hits; for the recipe's `unnamed` episode methods, turns
-        (episodes with a speaker) are scored against the question without the speakers'
-        names, while records and documents, which name whom they are about, keep it."""
-        unnamed = self.unnamed_text() if self.recipe.unnamed else self.text
-        twice = [i for i, (kind, method) in enumerate(wanted) if unnamed != self.text
-                 and kind == "episodes" and method in self.recipe.unnamed]
-        found = self._candidates([(kind, method, self.text) for kind, method in wanted]
-                                 + [(*wanted[i], unnamed) for i in twice])
+        """Each (kind, method)'s hits; a part's `unnamed` methods search the question without
+        the speakers' names, for episodes only turns (episodes with a speaker): records and
+        documents keep the whole question."""
+        parts = {kind: getattr(self.recipe, kind) for kind, _ in wanted}
+        unnamed = [i for i, (kind, method) in enumerate(wanted)
+                   if method in parts[kind].unnamed and self.unnamed_text() != self.text]
+        texts = [self.unnamed_text() if i in unnamed and kind != "episodes" else self.text
+                 for i, (kind, _) in enumerate(wanted)]
+        twice = [i for i in unnamed if wanted[i][0] == "episodes"]
+        found = self._candidates([(*search, text) for search, text in zip(wanted, texts,
+                                                                             strict=True)]
+                                 + [(*wanted[i], self.unnamed_text()) for i in twice])
         turns = link.name_index(self.snap).turns if twice else None
         for i, spoken in zip(twice, found[len(wanted):], strict=True):
             merged = ([h for h in spoken if turns[h[0]]]
                       + [h for h in found[i] if not turns[h[0]]])
-            found[i] = sorted(merged, key=lambda h: -h[1])[:self.pool_of(wanted[i][0])]
+            found[i] = sorted(merged, key=lambda h: -h[1])[:self.pool_of("episodes")]
         return found[:len(wanted)]
 
     def result(self) -> SearchResult:

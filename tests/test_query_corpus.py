@@ -290,7 +290,7 @@ def test_a_named_speakers_turns_come_first_with_named_speaker(retriever):
 
 
 def test_turns_are_matched_without_the_speakers_names_records_with_them(retriever):
-    """`unnamed`: turns are scored against the question without the names of the speakers
+    """`Part.unnamed`: turns are scored against the question without the names of the speakers
     it names; records and documents (no speaker) against the whole question."""
     from dataclasses import replace
 
@@ -299,7 +299,7 @@ def test_turns_are_matched_without_the_speakers_names_records_with_them(retrieve
     speakers = _speakers()
     cosine = replace(get_recipe("episodes_flat_rrf"), episodes=Part(("cosine",)),
                      candidates=40)
-    unnamed = replace(cosine, unnamed=("cosine",))
+    unnamed = replace(cosine, episodes=Part(("cosine",), unnamed=("cosine",)))
 
     def order(question, recipe, turns):
         return [e.source_id for e in retriever.search(question, ["acme"], recipe=recipe,
