@@ -165,8 +165,7 @@ def merge_edge(occurrences: list[dict], created_at: datetime) -> dict:
         **{k: first[k] for k in ("edge_id", "group_id", "source_entity_id", "target_entity_id",
                                  "relation")},
         "version": 1,
-        "fact": min((o["fact"] for o in occurrences),
-                    key=lambda f: (not _says(f, first["relation"]), -len(f), f)),
+        "fact": min((o["fact"] for o in occurrences), key=_wording(first["relation"])),
         "episode_ids": sorted({o["episode_id"] for o in occurrences}),
         "valid_at": min(valid) if valid else None,
         "invalid_at": min(invalid) if invalid else None,
@@ -174,6 +173,50 @@ def merge_edge(occurrences: list[dict], created_at: datetime) -> dict:
         "expired_at": None,
         "invalidated_by": None,
     }
+
+
+def _wording(relation: str) -> Callable[[str], tuple[bool, int, str]]:
+    """The order of an edge's texts, best first: the relation's own verb, then detail."""
+    return lambda text: (not _says(text, relation), -len(text), text)
+
+
+def combine_edges(stored: pa.Table, tonight: pa.Table) -> pa.Table:
+    """The edges of subjects a later run has facts about, as one merge of every occurrence
+    would give them: each stored open version, combined with tonight's edge of the same id
+    (`merge_edge` is a min, a union and a choice of wording over occurrences, so it merges
+    merged edges too), and tonight's new edges. An end that invalidation gave a stored edge
+    stays: ends only move earlier (`_end`) and every edge that caused one is still there, so
+    invalidating again ends each edge as invalidating everything would. A combined edge
+    keeps only a stated end (no cause), its causes are found again."""
+    new = {row["edge_id"]: row for row in tonight.to_pylist()}
+    out = []
+    for old in stored.to_pylist():
+        now = new.pop(old["edge_id"], None)
+        out.append(old if now is None else _combined(old, now))
+    out += new.values()
+    return pa.Table.from_pylist(sorted(out, key=lambda e: e["edge_id"]),
+                                schema=schema.MERGED_FACTS)
+
+
+def _combined(old: dict, now: dict) -> dict:
+    stated = old["invalid_at"] if old["invalidated_by"] is None else None
+    ends = [t for t in (stated, now["invalid_at"]) if t is not None]
+    starts = [t for t in (old["valid_at"], now["valid_at"]) if t is not None]
+    return {**now, "fact": min((old["fact"], now["fact"]), key=_wording(now["relation"])),
+            "episode_ids": sorted(set(old["episode_ids"] or ()) | set(now["episode_ids"] or ())),
+            "valid_at": min(starts) if starts else None,
+            "invalid_at": min(ends) if ends else None, "invalidated_by": None}
+
+
+def changed_edges(edges: pa.Table, stored: pa.Table) -> pa.Table:
+    """The rows of `edges` that are new or differ from their stored open version (what
+    `version_edge` would append a version for)."""
+    before = {row["edge_id"]: row for row in stored.select(
+        ["edge_id", *VERSIONED_FIELDS]).to_pylist()}
+    keep = [row["edge_id"] not in before or any(
+        row[k] != before[row["edge_id"]][k] for k in VERSIONED_FIELDS)
+        for row in edges.select(["edge_id", *VERSIONED_FIELDS]).to_pylist()]
+    return edges.filter(pa.array(keep, pa.bool_()))
 
 
 def _says(text: str, relation: str) -> bool:

@@ -131,6 +131,16 @@ def test_a_change_ends_a_fact_stored_three_runs_earlier(runs):
             WHERE relation = 'LIVES_IN'""") == [(1,)]
 
 
+def test_a_later_run_extends_stored_subjects_from_their_stored_edges(runs):
+    """Subjects of a later run's facts that kept their names are extended from their stored
+    edges (not rebuilt from every earlier mention), and the answers above still equal one
+    run over everything."""
+    parts, _ = runs
+    marker = Path(parts[-1].summary["store"]) / "work" / "run-4" / "facts" / "_SUCCESS.json"
+    counters = json.loads(marker.read_text())["counters"]
+    assert counters.get("facts_subjects_extended", 0) > 0, counters
+
+
 def test_unchanged_texts_keep_their_vectors(runs):
     parts, whole = runs
     marker = Path(parts[-1].summary["store"]) / "work" / "run-4" / "embed" / "_SUCCESS.json"
