@@ -374,6 +374,10 @@ class OneSearch:
                 lists[kind].append([r for r, _ in linked])
                 scores[kind].append([s for _, s in linked])
                 methods[kind].append("linked")
+        for kind, part in parts.items():
+            if part.fusion == "scores":  # (BM25's 0 is no match; a cosine has no zero)
+                scores[kind] = [None if v is None else rerank.normalise(v, m == "bm25")
+                                for v, m in zip(scores[kind], methods[kind], strict=True)]
         ranked = {kind: self._rerank(kind, part, lists[kind], scores[kind],
                                      [part.weight(m) for m in methods[kind]])
                   for kind, part in parts.items() if kind != "episodes"}
@@ -397,6 +401,7 @@ class OneSearch:
                     window = rerank.turn_window(list(zip(found[i], values, strict=True)),
                                                 adjacent, *recipe.turn_window)
                     found[i], scores[i] = [r for r, _ in window], [v for _, v in window]
+        found, scores, weights = _combined(part, found, scores, weights)
         if recipe.provenance:
             found += [self._fact_sources(ranked.get("facts", [])[:recipe.provenance_facts]),
                       [e for row, _ in ranked.get("entities", [])[:self.limit]
@@ -526,6 +531,7 @@ class OneSearch:
                 scores: list[list[float] | None], weights: list[float] | None = None) -> Hits:
         """RRF over the methods' lists, then the part's reranker (`rerank.RERANKERS`) over
         the recipe's pool of the fused keys."""
+        found, scores, weights = _combined(part, found, scores, weights or [1.0] * len(found))
         fused = rerank.rrf(found, self.recipe.rrf_k, weights, scores=scores)
         keys = [row for row, _ in fused][:self.pool_of(kind)]
         if not keys:
@@ -689,6 +695,22 @@ def _rows(snap: Snapshot, kind: str, hits: Hits, columns: tuple[str, ...]
 
     meta = snap.kinds[kind].meta.select(list(columns))
     return meta.take(pa.array([row for row, _ in hits], pa.int64())).to_pylist()
+
+
+def _combined(part: Part, found: list[list[int]], scores: list[list[float] | None],
+              weights: list[float]
+              ) -> tuple[list[list[int]], list[list[float] | None], list[float]]:
+    """For a part fused by "scores": its scored lists as one (`rerank.combine`, with their
+    weights) at weight 1, then the unscored lists as they were."""
+    scored = [i for i, values in enumerate(scores) if values is not None]
+    if part.fusion != "scores" or not scored:
+        return found, scores, weights
+    one = rerank.combine([found[i] for i in scored], [scores[i] or [] for i in scored],
+                         [weights[i] for i in scored])
+    rest = [i for i in range(len(found)) if i not in scored]
+    return ([[k for k, _ in one]] + [found[i] for i in rest],
+            [[v for _, v in one]] + [scores[i] for i in rest],
+            [1.0] + [weights[i] for i in rest])
 
 
 def _micros(moment: datetime) -> int:

@@ -36,10 +36,15 @@ class Part:
     # episodes only turns are; records and documents, which name whom they are about, keep
     # the whole question.
     unnamed: tuple[str, ...] = ()
+    # "rrf": every method's list fused by rank. "scores": the scored methods' lists
+    # (cosine, BM25, linked) first become one by their normalised scores (`rerank.combine`,
+    # with `weights`), which then joins the unscored lists (bfs, sources) in RRF at weight 1.
+    fusion: str = "rrf"
 
     def __post_init__(self) -> None:
-        if not set(self.methods) <= METHODS or self.reranker not in RERANKERS:
-            raise ValueError(f"unknown method or reranker in {self}")
+        if (not set(self.methods) <= METHODS or self.reranker not in RERANKERS
+                or self.fusion not in ("rrf", "scores")):
+            raise ValueError(f"unknown method, reranker or fusion in {self}")
         if self.weights is not None and len(self.weights) != len(self.methods):
             raise ValueError(f"one weight per method in {self}")
 
@@ -58,9 +63,9 @@ class Recipe:
     provenance: bool = True  # the episodes list also cites the top facts' and entities' sources
     # RRF weights, next to the episode methods' own, of the top facts' provenance and the top
     # entities' latest mentions, fused into `episodes` in the same RRF as the episode hits.
-    # Weight 0 keeps the entities' mentions in the list but after everything else: on
-    # tests/questions/corpus.jsonl any positive weight lowered evidence recall@10 (0.1:
-    # 0.878, 0.5: 0.866, 0: 0.902).
+    # Weight 0 keeps the entities' mentions in the list but after everything else: with
+    # every list in one RRF, any positive weight lowered the corpus questions' recall@10
+    # (0.1: 0.878, 0.5: 0.866, 0: 0.902); the default's fusion "scores" weighs them 0.05.
     provenance_weights: tuple[float, float] = (1.0, 0.0)
     provenance_facts: int = 10  # top facts whose source episodes are fused into `episodes`
     # Each turn scored with its neighbours before fusion (`rerank.turn_window`): max(own,
@@ -108,8 +113,8 @@ DEFAULT_FACTS = Part(("cosine", "bm25", "bfs", "linked"), "rrf", weights=(1.5, 1
 # recall@10 over 1,536 questions, one store, replaying the search offline step by step;
 # figures cumulative unless marked alone; the corpus questions, tests/questions/corpus.jsonl,
 # checked each step):
-# - BM25 at twice cosine's weight: 0.633 -> 0.647 (MiniLM alone ranks turns below BM25:
-#   0.453 vs 0.508).
+# - BM25 at twice cosine's weight (in RRF, before fusion "scores"): 0.633 -> 0.647 (MiniLM
+#   alone ranks turns below BM25: 0.453 vs 0.508).
 # - `linked` dropped from episodes once speakers are weighed (among one speaker's turns it
 #   is cosine again: 0.594 with it, 0.604 without).
 # - Every method's list scored with the neighbouring turns, turn_window (0.5, 0.5): 0.650 ->
@@ -137,10 +142,18 @@ DEFAULT_FACTS = Part(("cosine", "bm25", "bfs", "linked"), "rrf", weights=(1.5, 1
 #   BM25 unnamed too: LoCoMo 0.738 (multi-hop 0.500) but the corpus 0.941 -> 0.884, whose
 #   evidence includes others' turns that name the person ("Tom goes to Oak Park Primary").
 #   Records and documents keep the name: without that the corpus lost a CRM record (0.931).
-TURNS = Part(("cosine", "bm25"), "rrf", weights=(1.0, 2.0), candidates=100, unnamed=("cosine",))
-DEFAULT_WEIGHING = {"provenance_facts": 10, "turn_window": (0.5, 0.5), "other_speaker": 0.5,
-                    "named_speaker": 1.5, "time_boost": 2.0,
-                    "rrf_k": 40}
+# - fusion "scores": cosine and BM25 summed by normalised score (weights 1 and 1) into one
+#   list that joins the sources in RRF, the top facts' at 0.25 and the entities' latest
+#   mentions at 0.05: 0.745 -> 0.767 (multi-hop 0.490 -> 0.511, temporal 0.805 -> 0.796,
+#   open-domain 0.464 -> 0.537, single-hop 0.839 -> 0.866; recall@1 0.349 -> 0.340). RRF
+#   of the ranks threw away how far ahead a clear cosine or BM25 winner was. Mentions at 0:
+#   the corpus lost a sales order at rank 10 (0.941 -> 0.929); facts at 1/3: multi-hop
+#   0.500; BM25 at 1.5 or 0.75: lower in replay.
+TURNS = Part(("cosine", "bm25"), "rrf", weights=(1.0, 1.0), candidates=100, unnamed=("cosine",),
+             fusion="scores")
+DEFAULT_WEIGHING = {"provenance_facts": 10, "provenance_weights": (0.25, 0.05),
+                    "turn_window": (0.5, 0.5), "other_speaker": 0.5, "named_speaker": 1.5,
+                    "time_boost": 2.0, "rrf_k": 40}
 
 RECIPES: MappingProxyType[str, Recipe] = MappingProxyType({r.name: r for r in (
     Recipe("combined_hybrid_rrf", "facts, entities, communities and episodes: cosine + BM25 "

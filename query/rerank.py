@@ -50,6 +50,31 @@ def rrf(lists: Sequence[Sequence[K]], k: int = 60, weights: Sequence[float] | No
     return sorted(fused.items(), key=lambda item: -item[1])
 
 
+def normalise(scores: Sequence[float], zero_based: bool) -> list[float]:
+    """A method's scores (best first) on [0, 1], its best at 1: divided by the best where 0
+    means no match (BM25: no shared term), else with the last candidate's score as 0 (a
+    cosine has no natural zero: MiniLM scores unrelated texts 0.1-0.3)."""
+    if not len(scores):
+        return []
+    values = np.asarray(scores, dtype=np.float64)
+    top, low = float(values.max()), 0.0 if zero_based else float(values.min())
+    if top <= low:
+        return [1.0] * len(values)
+    return ((values - low) / (top - low)).tolist()
+
+
+def combine(lists: Sequence[Sequence[K]], scores: Sequence[Sequence[float]],
+            weights: Sequence[float]) -> list[tuple[K, float]]:
+    """Score fusion: sum_i w_i * s_i(x) over the lists that hold x, their scores already on
+    [0, 1] (`normalise`). Unlike RRF it keeps how far apart a method put two keys. Best
+    first; ties keep the order keys were first met in."""
+    fused: dict[K, float] = {}
+    for ranked, values, weight in zip(lists, scores, weights, strict=True):
+        for key, value in zip(ranked, values, strict=True):
+            fused[key] = fused.get(key, 0.0) + weight * value
+    return sorted(fused.items(), key=lambda item: -item[1])
+
+
 def mmr(query: np.ndarray, keys: Sequence[K], vectors: np.ndarray, lam: float = 0.5,
         limit: int | None = None) -> list[tuple[K, float]]:
     """Maximal marginal relevance, greedy: each step takes the candidate maximising

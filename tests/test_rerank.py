@@ -116,7 +116,7 @@ def test_recipes_are_frozen_data():
         get_recipe("nope")
     with pytest.raises(ValueError):
         Part(("cosine", "grep"))
-    with pytest.raises(ValueError, match="unknown method or reranker"):
+    with pytest.raises(ValueError, match="unknown method, reranker or fusion"):
         Part(("cosine",), "by_mood")
     assert {p.reranker for r in RECIPES.values() for p in (
         r.facts, r.entities, r.communities, r.episodes) if p} <= set(rerank.RERANKERS)
@@ -195,3 +195,29 @@ def test_the_flat_baseline_stays_flat():
     assert (flat.turn_window, flat.other_speaker, flat.time_boost, flat.provenance) == (
         (0.0, 0.0), 1.0, 1.0, False)
     assert flat.episodes == Part(("cosine", "bm25"))
+
+
+def test_normalise_puts_the_best_at_one_and_bm25_zero_at_zero():
+    assert rerank.normalise([8.0, 4.0, 2.0], zero_based=True) == [1.0, 0.5, 0.25]
+    assert rerank.normalise([0.7, 0.5, 0.3], zero_based=False) == pytest.approx([1.0, 0.5, 0.0])
+    assert rerank.normalise([0.4, 0.4], zero_based=False) == [1.0, 1.0]
+    assert rerank.normalise([], zero_based=True) == []
+
+
+def test_combine_keeps_how_far_ahead_a_method_put_a_key():
+    """RRF scores a runaway first place like a narrow one; score fusion does not: "a" leads
+    BM25 by far and trails cosine narrowly, so it wins, where RRF ties it with "b"."""
+    lists = [["a", "b"], ["b", "a"]]
+    scores = [[1.0, 0.1], [1.0, 0.9]]
+    combined = rerank.combine(lists, scores, [1.0, 1.0])
+    assert [k for k, _ in combined] == ["a", "b"]
+    assert combined[0][1] == pytest.approx(1.9)
+    assert rerank.rrf(lists)[0][1] == rerank.rrf(lists)[1][1]
+    assert rerank.combine([["a"], ["b"]], [[1.0], [1.0]], [1.0, 1.0]) == [("a", 1.0), ("b", 1.0)]
+
+
+def test_a_part_fuses_by_rrf_or_scores():
+    assert Part(("cosine", "bm25")).fusion == "rrf"
+    assert get_recipe("combined_hybrid_rrf").episodes.fusion == "scores"
+    with pytest.raises(ValueError, match="fusion"):
+        Part(("cosine", "bm25"), fusion="vote")
