@@ -65,11 +65,7 @@ def mention_rows(extractions: pa.Table) -> pa.Table:
     return table.filter(pc.not_equal(table["normalized"], ""))
 
 
-MENTION_ROWS = pa.schema([
-    ("group_id", pa.string()), ("episode_id", pa.string()), ("valid_at", schema.TS),
-    ("name", pa.string()), ("label", pa.string()), ("attributes", pa.string()),
-    ("normalized", pa.string()),
-])
+MENTION_ROWS = schema.ENTITY_MENTIONS
 
 
 def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:

@@ -275,6 +275,12 @@ RESOLUTION_PAIRS = pa.schema([
     ("group_id", pa.string()), ("a", pa.string()), ("b", pa.string()),
     ("evidence", pa.string()), ("score", pa.float64()), ("merge", pa.bool_()),
 ])
+# One row per (episode, extracted entity) with its resolution key (names -> resolve).
+ENTITY_MENTIONS = pa.schema([
+    ("group_id", pa.string()), ("episode_id", pa.string()), ("valid_at", TS),
+    ("name", pa.string()), ("label", pa.string()), ("attributes", pa.string()),
+    ("normalized", pa.string()),
+])
 # The subjects whose edges an incremental run rebuilt (facts -> versions): every other
 # subject's stored versions stay as they are (entity ids hold their group).
 RECOMPUTED_SUBJECTS = pa.schema([("source_entity_id", pa.string())])
@@ -292,6 +298,7 @@ WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "extractions": lambda _dim: EXTRACTIONS,
     "extract_rejects": lambda _dim: REJECTS,
     "name_nodes": lambda _dim: RESOLVED_ENTITIES,
+    "entity_mentions": lambda _dim: ENTITY_MENTIONS,
     "name_vectors": lambda dim: RESOLVED_ENTITIES.append(pa.field("name_embedding", vector(dim))),
     "resolution_pairs": lambda _dim: RESOLUTION_PAIRS,
     "alias_map": lambda _dim: ALIAS_MAP,

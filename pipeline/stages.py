@@ -411,10 +411,10 @@ def _extract_on_actors(ctx: RunContext, episodes: Dataset, crash: bool) -> Datas
 def names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Name nodes: every surface form that normalizes the same, per group (exact match)."""
     extractions = all_extractions(ctx, inputs["extractions"], ENTITY_COLUMNS)
-    mentions = mapped(ctx, extractions, resolve.mention_rows)
+    mentions = mapped(ctx, extractions, resolve.mention_rows).materialize()
     nodes = shuffled(mentions, ["group_id", "normalized"], resolve.resolve_entities, ctx,
                      ctx.created_at)
-    return {"name_nodes": nodes}
+    return {"name_nodes": nodes, "entity_mentions": mentions}  # resolve maps the mentions
 
 
 def embed_names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -517,9 +517,7 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
     every_node = mapped(ctx, nodes, resolve.node_pairs)
     alias_map = shuffled(united(ctx, pairs, every_node), ["group_id"], resolve.cluster, ctx
                          ).materialize()
-    extractions = all_extractions(ctx, inputs["extractions"], ENTITY_COLUMNS)
-    mentions = mapped(ctx, extractions, resolve.mention_rows)
-    with_entity = join_alias_map(mentions, alias_map, ctx, "normalized")
+    with_entity = join_alias_map(inputs["entity_mentions"], alias_map, ctx, "normalized")
     by_entity = partitioned(with_entity, ["group_id", "entity_id"], ctx)  # a shuffle, 2 uses
     entities = mapped(ctx, by_entity, resolve.resolve_entities, ctx.created_at,
                       batch_size=None).materialize()
@@ -926,9 +924,9 @@ STAGES: tuple[Stage, ...] = (
     # Chunked by a hash of episode_id, each chunk kept: a resumed run skips finished ones.
     resumable(Stage("extract", ("episodes",), ("extractions", "extract_rejects"),
                     extract_stage, model=True), chunk_rows=lambda c: c.extract.chunk_rows),
-    Stage("names", ("extractions",), ("name_nodes",), names_stage),
+    Stage("names", ("extractions",), ("name_nodes", "entity_mentions"), names_stage),
     Stage("embed_names", ("name_nodes",), ("name_vectors",), embed_names_stage, model=True),
-    Stage("resolve", ("name_vectors", "extractions"),
+    Stage("resolve", ("name_vectors", "extractions", "entity_mentions"),
           ("resolution_pairs", "alias_map", "resolved_entities", "entity_aliases", "mentions"),
           resolve_stage),
     Stage("facts", ("extractions", "alias_map", "resolved_entities"),
