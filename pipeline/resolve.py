@@ -72,8 +72,9 @@ def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:
     """Mentions -> one row per entity, vectorized (polars). Mentions mapped by the resolver
     carry `entity_id`, `root`, `evidence` and `score`; unmapped ones are grouped by
     normalized name (name nodes). An entity is named by its most complete surface form (most
-    words, then most frequent, then longest, then alphabetical), its labels
-    are the specific ones (generic ones only when there are none), later attributes win."""
+    words, then most frequent, then longest, then alphabetical), a name node's labels are
+    the specific ones (generic ones only when there are none), an entity's its strongest
+    (`_strongest_label`), later attributes win."""
     if mentions.num_rows == 0:
         return schema.RESOLVED_ENTITIES.empty_table()
     df = pl.from_arrow(mentions)
@@ -96,6 +97,8 @@ def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:
                    descending=[False, False, True, True, True, False])
              .group_by(keys, maintain_order=True).agg(name=pl.col("name").first()))
     labelled = df.filter(pl.col("label").is_not_null())
+    if mapped:  # an entity: one label, its strongest
+        labelled = _strongest_label(labelled, keys)
     every = labelled.group_by(keys).agg(every=pl.col("label").unique().sort())
     specific = labelled.filter(~pl.col("label").is_in(sorted(GENERIC_LABELS))).group_by(
         keys).agg(specific=pl.col("label").unique().sort())
@@ -126,6 +129,21 @@ def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:
     table = table.append_column("created_at", pa.array([created_at] * table.num_rows,
                                                        schema.TS))
     return schema.conform(table, schema.RESOLVED_ENTITIES)
+
+
+def _strongest_label(labelled: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """The mentions of each entity's strongest label: a specific label over a generic one,
+    then the most mentions, then the latest (spaCy tags a company a place now and then, a
+    name a person in one sentence and a place in the next). Name nodes keep every label:
+    resolution lets two names merge on any shared one."""
+    ranked = (labelled.with_columns(generic=pl.col("label").is_in(sorted(GENERIC_LABELS)))
+              .group_by([*keys, "label"])
+              .agg(pl.col("generic").first(), count=pl.len(), last=pl.col("valid_at").max())
+              .sort([*keys, "generic", "count", "last", "label"],
+                    descending=[False] * len(keys) + [False, True, True, False],
+                    nulls_last=True)
+              .group_by(keys, maintain_order=True).agg(pl.col("label").first()))
+    return labelled.join(ranked, on=[*keys, "label"])
 
 
 def alias_rows(entities: pa.Table) -> pa.Table:

@@ -117,3 +117,19 @@ def test_entity_summaries_list_the_best_attested_facts_that_still_hold():
     assert summaries["dan"] == "Dan works at Globex. Dan likes tea."
     assert summaries["globex"] == "Dan works at Globex."
     assert "berlin" not in summaries  # only facts that still hold
+
+
+def test_an_entity_keeps_its_strongest_label():
+    """One label per entity by evidence: a company spaCy once tagged a place stays an
+    organisation; of equal counts the latest wins; a generic label only when nothing else."""
+    def labels_of(tagged: list[tuple[datetime, str]]) -> list[str]:
+        rows = [{"group_id": "g", "episode_id": f"e{i}", "valid_at": when, "name": "Contoso",
+                 "label": label, "attributes": None, "normalized": "contoso",
+                 "entity_id": "contoso", "root": "contoso", "evidence": "exact", "score": 1.0}
+                for i, (when, label) in enumerate(tagged)]
+        return resolve_entities(pa.Table.from_pylist(rows), T2)["labels"].to_pylist()[0]
+
+    assert labels_of([(T1, "Organization"), (T1, "Location"), (T2, "Organization"),
+                      (T2, "Entity")]) == ["Organization"]
+    assert labels_of([(T1, "Organization"), (T2, "Location")]) == ["Location"]
+    assert labels_of([(T1, "Entity"), (T2, "Entity")]) == ["Entity"]
