@@ -258,3 +258,16 @@ def test_every_truncation_keeps_only_whole_items():
         for name, items in value.items():
             assert items == full[name][:len(items)]
     assert repaired > len(text) // 2  # most cuts still give something usable
+
+
+def test_the_extraction_prompt_names_the_relation_classes(acme):
+    """The LLM path groups wordings by meaning from the same classes and prototype sentences
+    as spaCy's classifier: the prompt names each class's relation and examples."""
+    from tkg.pipeline.config import FactsConfig
+
+    system = extraction_request(acme[6], CONTEXT).messages[0]["content"]
+    assert '\n  - WORKS_AT (employment): "I work at the company"' in system
+    assert '\n  - LEFT (ending): "I left the company"' in system
+    renamed = FactsConfig().model_copy(update={"relation_classes": ()})
+    assert "WORKS_AT (employment)" not in extraction_request(
+        acme[6], CONTEXT, renamed).messages[0]["content"]

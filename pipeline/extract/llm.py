@@ -34,7 +34,7 @@ class LlmExtractor:
             else:
                 texts.append(index)
         context = self.config.extract.context_messages
-        requests = [extraction_request(episodes[i], context) for i in texts]
+        requests = [extraction_request(episodes[i], context, self.config.facts) for i in texts]
         outcomes = complete_parsed(
             self.llm, requests, lambda k, text: parse_extraction(text, episodes[texts[k]]),
             kind="extract")

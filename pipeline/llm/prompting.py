@@ -15,6 +15,7 @@ from importlib import resources
 from string import Template
 
 import yaml
+from tkg.pipeline.config import FactsConfig
 from tkg.pipeline.extract.base import EpisodeInput, Extraction
 from tkg.pipeline.llm.base import ChatRequest
 from tkg.pipeline.llm.schemas import EXTRACTION_SCHEMA
@@ -58,6 +59,17 @@ def prompt_set_version() -> str:
     return digest.hexdigest()[:12]
 
 
+def relation_guide(facts: FactsConfig) -> str:
+    """The relation classes as the extraction prompt lists them: the LLM groups wordings by
+    meaning itself ("accepted an offer from" is WORKS_AT), as `RelationClassifier` does for
+    spaCy's phrases, from the same classes and prototype sentences."""
+    lines = []
+    for cls in (*facts.relation_classes, facts.ending):
+        examples = "; ".join(f'"{p}"' for p in cls.prototypes[:3])
+        lines.append(f"  - {cls.relation} ({cls.name})" + (f": {examples}" if examples else ""))
+    return "\n".join(lines)
+
+
 def _episode_values(episode: EpisodeInput, context_messages: int) -> dict[str, str]:
     header = ""
     if episode.kind == "message" and episode.speaker:
@@ -76,10 +88,14 @@ def _episode_values(episode: EpisodeInput, context_messages: int) -> dict[str, s
     }
 
 
-def extraction_request(episode: EpisodeInput, context_messages: int) -> ChatRequest:
+def extraction_request(episode: EpisodeInput, context_messages: int,
+                       facts: FactsConfig | None = None) -> ChatRequest:
     """The one call per episode: entities and facts together, under the output schema, with
-    the last `context_messages` (extract.context_messages) messages as context."""
-    messages = load_prompt("extract").messages(**_episode_values(episode, context_messages))
+    the last `context_messages` (extract.context_messages) messages as context and the
+    relation classes of `facts` (the configured defaults when None) named in the prompt."""
+    values = _episode_values(episode, context_messages)
+    values["relations"] = relation_guide(facts or FactsConfig())
+    messages = load_prompt("extract").messages(**values)
     return ChatRequest(messages=messages, schema=EXTRACTION_SCHEMA, schema_name="extraction")
 
 
