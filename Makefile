@@ -30,6 +30,7 @@ install-dev: $(DEVSTAMP)
 
 demo: $(STAMP)
 	$(BIN)/tkg build --config configs/local.yaml --input tests/corpus --store $(DEMO)
+	$(BIN)/tkg search --store $(DEMO) --group acme --query "Where does Daniel Okafor live?" --limit 3
 
 test: $(DEVSTAMP)
 	$(BIN)/ruff check .
