@@ -482,6 +482,18 @@ def _adjudicated(ctx: RunContext, pairs: Dataset) -> Dataset:
 KEY_COLUMNS = ["group_id", "normalized", "key"]
 
 
+def _stored_pairs(ctx: RunContext) -> Dataset | None:
+    """The previous snapshot's resolution pairs when it decided them under this run's
+    `resolve` settings; after a change of thresholds, keys or adjudicator every block is
+    decided again."""
+    if ctx.previous is None:
+        return None
+    decided_under = (store.read_manifest(ctx.previous).get("config") or {}).get("resolve")
+    if decided_under != json.loads(json.dumps(ctx.config.resolve.model_dump(mode="json"))):
+        return None
+    return previous_table(ctx, INTERNAL_PAIRS)
+
+
 def _pairs_against_stored(ctx: RunContext, keyed: Dataset, stored: Dataset,
                           new: Dataset) -> Dataset:
     """The pairs of a later run: the stored ones no name of tonight can alter, and the
@@ -509,7 +521,7 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
     keeps the stored pairs of the others (`_pairs_against_stored`)."""
     nodes = inputs["name_vectors"]
     keyed = mapped(ctx, nodes, resolve.blocking_keys, ctx.config.resolve).materialize()
-    stored = previous_table(ctx, INTERNAL_PAIRS)
+    stored = _stored_pairs(ctx)
     if stored is None:
         pairs = _adjudicated(ctx, _candidates(ctx, keyed))
     else:

@@ -167,3 +167,20 @@ def test_changed_entities_are_those_whose_names_differ():
     now = names([("ann", "A"), ("bob", "A"), ("cy", "C"), ("dee", "E"), ("eve", "F")])
     # A gained bob, B is gone (merged), D was renamed E, F is new; C is as it was
     assert changed_entities(stored, now) == {"A", "B", "D", "E", "F"}
+
+
+def test_stored_pairs_serve_only_the_same_resolve_settings(ray_session, config, tmp_path):
+    """A run under other resolve settings decides every block again; the next run under
+    those settings keeps what that one decided."""
+    def recomputed_blocks(run_id: str) -> int | None:
+        marker = tmp_path / "store" / "work" / run_id / "resolve" / "_SUCCESS.json"
+        return json.loads(marker.read_text())["counters"].get("resolve_blocks_recomputed")
+
+    stricter = config.model_copy(update={
+        "resolve": config.resolve.model_copy(update={"min_similarity": 0.95})})
+    for run_id, settings, records in (("a", config, (BERLIN, SOFIA)), ("b", stricter, (ACME,)),
+                                      ("c", stricter, (PARIS,))):
+        build(settings, [_write(tmp_path / run_id, records)], tmp_path / "store",
+              run_id=run_id)
+    assert recomputed_blocks("b") is None
+    assert recomputed_blocks("c") is not None
