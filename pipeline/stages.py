@@ -119,18 +119,21 @@ def _small(ds: MaterializedDataset, ctx: RunContext) -> pa.Table | None:
     Ray Data's hash shuffle, whose operators start for any size (the 5,000 + 200 bench's
     incremental facts stage, about 20 shuffles and joins of a few thousand rows, took 29 s
     on the loaded machine where its arithmetic takes under 1 s)."""
-    size = ds.size_bytes()
-    if size is None or size > ctx.driver_bytes:
+    if not _on_this_process(ds, ctx):
         return None
-    tables = [t for t in (ray.get(ref) for ref in ds.to_arrow_refs()) if t.num_rows]
+    tables = _blocks(ds)
     return pa.concat_tables(tables, promote_options="default") if tables else None
+
+
+def _blocks(ds: Dataset) -> list[pa.Table]:
+    """The Arrow blocks of `ds` that hold rows, in this process."""
+    return [block for block in (ray.get(ref) for ref in ds.to_arrow_refs()) if block.num_rows]
 
 
 def _map_on_driver(ds: Dataset, fn: Callable[[pa.Table], pa.Table]) -> Dataset:
     """`fn` over each Arrow block of `ds` that holds rows, in this process (the driver paths
     of small work); an empty block is skipped, as Ray Data passes it by without a call."""
-    blocks = [block for block in (ray.get(ref) for ref in ds.to_arrow_refs()) if block.num_rows]
-    return _gathered([fn(block) for block in blocks])
+    return _gathered([fn(block) for block in _blocks(ds)])
 
 
 def _gathered(tables: list[pa.Table]) -> Dataset:
@@ -170,8 +173,7 @@ def united(ctx: RunContext, first: Dataset, *others: Dataset) -> Dataset:
     parts = (first, *others)
     if not all(_on_this_process(ds, ctx) for ds in parts):
         return first.union(*others)
-    return _gathered([block for ds in parts for block in (ray.get(r) for r in ds.to_arrow_refs())
-                      if block.num_rows])
+    return _gathered([block for ds in parts for block in _blocks(ds)])
 
 
 def _as_dataset(table: pa.Table) -> Dataset:
@@ -500,19 +502,16 @@ def _pairs_against_stored(ctx: RunContext, keyed: Dataset, stored: Dataset,
     blocks tonight's names fall in decided again (`resolve.blocks_to_recompute`); only
     pairs with a name of tonight go to the adjudicator. The store's block keys come to the
     driver as three string columns; the pairs are a few per name."""
-    names = resolve.PAIRS.names
     changed = _on_driver(mapped(ctx, new, resolve.mention_rows), ["group_id", "normalized"])
-    before = schema.conform(_on_driver(stored, names), resolve.PAIRS)
+    before = _conformed(stored, resolve.PAIRS)
     kept, blocks = resolve.blocks_to_recompute(before, _on_driver(keyed, KEY_COLUMNS), changed)
     ctx.count("resolve_blocks_recomputed", blocks.num_rows)
     chosen = set(_name_keys(blocks["group_id"], blocks["key"]).to_pylist())
     fresh = _candidates(ctx, mapped(ctx, keyed, _in_set("key", chosen, group_column="group_id")
                                     ).materialize())
-    repeated, tonight = resolve.known_pairs(
-        schema.conform(_on_driver(fresh, names), resolve.PAIRS), before, changed)
-    decided = _on_driver(_adjudicated(ctx, _as_dataset(tonight)), names)
-    return _as_dataset(resolve.distinct_pairs(pa.concat_tables(
-        [kept, repeated, schema.conform(decided, resolve.PAIRS)])))
+    repeated, tonight = resolve.known_pairs(_conformed(fresh, resolve.PAIRS), before, changed)
+    decided = _conformed(_adjudicated(ctx, _as_dataset(tonight)), resolve.PAIRS)
+    return _as_dataset(resolve.distinct_pairs(pa.concat_tables([kept, repeated, decided])))
 
 
 def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -614,6 +613,14 @@ def _on_driver(ds: Dataset | None, columns: list[str]) -> pa.Table:
     if rows is None:
         return pa.table({c: pa.array([], pa.string()) for c in columns})
     return pa.concat_tables([ray.get(ref).select(columns) for ref in rows.to_arrow_refs()])
+
+
+def _conformed(ds: Dataset, table_schema: pa.Schema) -> pa.Table:
+    """Every row of `ds` on the driver, in `table_schema` (empty: its empty table)."""
+    rows = nonempty(ds)
+    blocks = [] if rows is None else _blocks(rows)
+    return pa.concat_tables([schema.conform(block, table_schema) for block in blocks]
+                            or [table_schema.empty_table()])
 
 
 def _name_keys(groups: pa.ChunkedArray | pa.Array, names: pa.ChunkedArray | pa.Array
@@ -732,21 +739,13 @@ def _combined_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
     invalidated again; only the new and changed ones."""
     mentions = mapped(ctx, new_mentions, _in_set("source_normalized", names,
                                                  group_column="group_id"))
-    tonight = _facts_on_driver(_merged_edges(ctx, mentions.materialize(), alias_map))
+    edges = schema.MERGED_FACTS
+    tonight = _conformed(_merged_edges(ctx, mentions.materialize(), alias_map), edges)
     if tonight.num_rows == 0:
         return empty_dataset()
-    before = _facts_on_driver(stored)
-    checked = _facts_on_driver(_checked(ctx, _as_dataset(facts.combine_edges(before, tonight))))
+    before = _conformed(stored, edges)
+    checked = _conformed(_checked(ctx, _as_dataset(facts.combine_edges(before, tonight))), edges)
     return _as_dataset(facts.changed_edges(checked, before))
-
-
-def _facts_on_driver(ds: Dataset) -> pa.Table:
-    """Merged edges (`schema.MERGED_FACTS`) on the driver."""
-    rows = nonempty(ds)
-    if rows is None:
-        return schema.MERGED_FACTS.empty_table()
-    return pa.concat_tables([schema.conform(ray.get(ref), schema.MERGED_FACTS)
-                             for ref in rows.to_arrow_refs()])
 
 
 def _without(batch: pa.Table, columns: list[str]) -> pa.Table:
