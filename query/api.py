@@ -253,7 +253,7 @@ class OneSearch:
         self.center = self._entity_row(center, "center") if center else None
         self.origins = [self._entity_row(o, "origin") for o in origins or ()]
         self.conversation_id = conversation_id
-        self._vector: np.ndarray | None = None
+        self._vectors: dict[str, np.ndarray] = {}  # per text searched: the question, unnamed
         self._episode_text: str | None = None
         self._groups: set[int] | None = None  # codes of the scope's groups
         self._named: tuple[list[int], list[int]] | None = None  # (entities, spoken turns)
@@ -267,12 +267,14 @@ class OneSearch:
 
     @property
     def vector(self) -> np.ndarray:
-        if self._vector is None:
-            self._vector = self.retriever.embed(self.text)
-        return self._vector
+        return self.vector_of(self.text)
 
     def vector_of(self, text: str) -> np.ndarray:
-        return self.vector if text == self.text else self.retriever.embed(text)
+        """The embedding of `text`, once per search (facts and turns both search the
+        question without its speakers' names)."""
+        if text not in self._vectors:
+            self._vectors[text] = self.retriever.embed(text)
+        return self._vectors[text]
 
     def unnamed_text(self) -> str:
         """The question without the names of the speakers it names (`Part.unnamed`)."""

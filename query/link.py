@@ -22,7 +22,11 @@ MAX_NAME_WORDS = 6
 
 def words(text: str) -> list[str]:
     """Lower-case words of a text, possessives cut ("Melanie's" -> "melanie")."""
-    return [w.lower().removesuffix("'s") for w in WORD.findall(text)]
+    return [_word(w) for w in WORD.findall(text)]
+
+
+def _word(word: str) -> str:
+    return word.lower().removesuffix("'s")
 
 
 @dataclass
@@ -56,7 +60,7 @@ class NameIndex:
         Melanie!"). A text that is nothing but names is kept whole."""
         names = set().union(*(self.speakers.get(g, {}) for g in groups))
         found = list(WORD.finditer(text))
-        tokens = [m.group().lower().removesuffix("'s") for m in found]
+        tokens = [_word(m.group()) for m in found]
         cut: list[tuple[int, int]] = []
         i = 0
         while i < len(tokens):
