@@ -213,9 +213,8 @@ def changed_edges(edges: pa.Table, stored: pa.Table) -> pa.Table:
     `version_edge` would append a version for)."""
     before = {row["edge_id"]: row for row in stored.select(
         ["edge_id", *VERSIONED_FIELDS]).to_pylist()}
-    keep = [row["edge_id"] not in before or any(
-        row[k] != before[row["edge_id"]][k] for k in VERSIONED_FIELDS)
-        for row in edges.select(["edge_id", *VERSIONED_FIELDS]).to_pylist()]
+    keep = [row["edge_id"] not in before or not _same_belief(before[row["edge_id"]], row)
+            for row in edges.select(["edge_id", *VERSIONED_FIELDS]).to_pylist()]
     return edges.filter(pa.array(keep, pa.bool_()))
 
 
@@ -384,14 +383,17 @@ def version_edges(rows: pa.Table, now: datetime) -> pa.Table:
 ROW = "_row"  # a version's source row in version_edges' input
 
 
+def _same_belief(version: dict, current: dict) -> bool:
+    """Whether `current` says what a stored `version` says (no new version for it)."""
+    return all(version[k] == current[k] for k in VERSIONED_FIELDS)
+
+
 def version_edge(stored: list[dict], current: dict | None, now: datetime) -> list[dict]:
     """Versions of one edge: the stored ones, closed where the store changed its mind, and
     the current belief appended when it differs from the open version."""
     versions = [dict(v) for v in sorted(stored, key=lambda v: v["version"])]
     open_version = next((v for v in versions if v["expired_at"] is None), None)
-    if current is not None and open_version is not None and all(
-        open_version[k] == current[k] for k in VERSIONED_FIELDS
-    ):
+    if current is not None and open_version is not None and _same_belief(open_version, current):
         return versions
     if open_version is not None:
         open_version["expired_at"] = now
