@@ -1,29 +1,58 @@
-# The two commands a new user runs: `make demo` and `make test`. Both install what they need.
+# The two commands a new user runs: `make demo` and `make test`. Both install what they need,
+# from the lock (uv.lock), so a fresh machine gets what the last green CI got.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 DEMO    := .tkg/demo
+# uv reads and writes the lock; pip installs (it takes CPU torch from the machine's wheel).
+UV_VERSION := 0.13.9
+UV      := $(BIN)/uv
+EXPORT  := $(UV) export --locked --no-hashes --no-emit-project --quiet
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: demo test install install-dev lint bench clean docs report test-llm
+.PHONY: demo test install install-dev lint bench clean docs report test-llm lock upgrade \
+        constraints-gpu
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-# CPU torch first, from the local wheel: otherwise pip resolves torch from PyPI with CUDA.
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e .
+$(UV): | $(BIN)/python
+	$(BIN)/pip install -q uv==$(UV_VERSION)
+
+# The lock as pip constraints, one file per install: base (make demo), dev (make test), gpu.
+$(VENV)/constraints-base.txt: uv.lock | $(UV)
+	$(EXPORT) -o $@
+$(VENV)/constraints-%.txt: uv.lock | $(UV)
+	$(EXPORT) --extra $* -o $@
+
+# CPU torch first, the lock's version from the local wheel: otherwise pip resolves torch from
+# PyPI with CUDA.
+$(STAMP): pyproject.toml $(VENV)/constraints-base.txt | $(BIN)/python
+	$(BIN)/pip install -q -c $(VENV)/constraints-base.txt torch
+	$(BIN)/pip install -q -c $(VENV)/constraints-base.txt -e .
 	touch $@
 
-$(DEVSTAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[dev]'
+$(DEVSTAMP): $(STAMP) $(VENV)/constraints-dev.txt
+	$(BIN)/pip install -q -c $(VENV)/constraints-dev.txt -e '.[dev]'
 	touch $@
+
+# After editing dependencies in pyproject.toml: resolve what changed, keep every other pin.
+lock: | $(UV)
+	$(UV) lock
+
+# Newest versions of everything pyproject.toml allows; then `make test`, and commit uv.lock
+# when it passes (a break gets an upper bound in pyproject.toml, with a comment naming it).
+upgrade: | $(UV)
+	$(UV) lock --upgrade
+
+# The GPU image's constraints (configs/cluster.Dockerfile runs the same export).
+constraints-gpu: $(VENV)/constraints-gpu.txt
+	@echo $<
 
 install: $(STAMP)
 install-dev: $(DEVSTAMP)
