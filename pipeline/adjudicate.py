@@ -96,13 +96,13 @@ def judge_invalidations(ctx: RunContext, edges: Dataset, judge: InvalidationJudg
     """The facts stage's optional step: candidates the rules cannot decide are judged on the
     driver in batches (few: one per subject, relation and change of value) and the yeses
     applied; the rule-based invalidation is already in `edges` and stays as it is."""
-    from tkg.pipeline import facts
+    from tkg.pipeline import engine, facts
     from tkg.pipeline.llm.usage import count_usage, usage_snapshot
 
     edges = edges.materialize()
-    candidates = [row for batch in edges.map_batches(
-        facts.undecided_candidates, batch_format="pyarrow", fn_args=(ctx.config.facts,)
-    ).iter_batches(batch_format="pyarrow", batch_size=None) for row in batch.to_pylist()]
+    candidates = engine.gather(
+        ctx, engine.map(ctx, edges, facts.undecided_candidates, ctx.config.facts),
+        what="invalidation candidates").to_pylist()
     ctx.count("invalidation_candidates", len(candidates))
     if not candidates:
         return edges
@@ -115,4 +115,4 @@ def judge_invalidations(ctx: RunContext, edges: Dataset, judge: InvalidationJudg
     ended = {c["old_edge_id"]: (c["new_valid_at"], c["new_edge_id"])
              for c, yes in zip(candidates, answers, strict=True) if yes is True}
     ctx.count("invalidated_by_llm", len(ended))
-    return edges.map_batches(facts.apply_judged, batch_format="pyarrow", fn_args=(ended,))
+    return engine.map(ctx, edges, facts.apply_judged, ended)

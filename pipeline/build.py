@@ -20,7 +20,17 @@ from typing import Any
 import pyarrow as pa
 import ray
 import ray.data
-from tkg.pipeline import faults, outputs, reliability, schema, sources, storage, store, visibility
+from tkg.pipeline import (
+    engine,
+    faults,
+    outputs,
+    reliability,
+    schema,
+    sources,
+    storage,
+    store,
+    visibility,
+)
 from tkg.pipeline.config import StorageConfig, TkgConfig
 from tkg.pipeline.embed import embedding_dim
 from tkg.pipeline.llm.usage import llm_summary
@@ -98,7 +108,8 @@ def init_ray(config: TkgConfig) -> int:
 
 def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Location]) -> dict[str, int]:
     """One attempt at a stage: read its inputs, run it, write its outputs; rows per output."""
-    inputs = {name: outputs.read([done[name]], ctx.driver_bytes) for name in stage.inputs}
+    driver_bytes = engine.policy(ctx).driver_bytes
+    inputs = {name: outputs.read([done[name]], driver_bytes) for name in stage.inputs}
     inputs = faults.worker_inputs(stage.name, inputs, ctx.work_dir)
     faults.hit("stage_error", stage.name)
     results = stage.run(ctx, inputs)
@@ -139,9 +150,8 @@ def _writer(source: Location, table_schema: pa.Schema) -> store.TableWriter:
 
     def write(target: Location) -> int:
         config = storage.configured()
-        tasks = [_write_parts.remote(f, target, table_schema, config)
-                 for f in outputs.part_files(source)]
-        rows = sum(ray.get(tasks))
+        rows = sum(engine.run_tasks(_write_parts, ((f, target, table_schema, config)
+                                                   for f in outputs.part_files(source))))
         store.write_empty(target, table_schema)
         return rows
 

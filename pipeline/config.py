@@ -51,10 +51,20 @@ class RayConfig(_Section):
         "and retries of its batch; past them the stage fails (Ray Data's default retries "
         "forever, so one poison batch would hang the build)"
     )
+    # The engine's one size policy (pipeline/engine.py SizePolicy) reads these three.
     driver_mb: float = Field(
-        256, ge=0, description="shuffles and joins of inputs up to this size (MB, Arrow) "
-        "run in the driver, in one block, not as a Ray Data hash shuffle (which starts its "
-        "operators for any size); 0 = always on Ray")
+        256, ge=0, description="maps, unions, shuffles and joins of computed inputs up to "
+        "this size (MB, Arrow) run in the driver, in one block, not on Ray Data (which starts "
+        "its operators for any size), and stage outputs up to it are read by the driver; "
+        "0 = always on Ray")
+    gather_mb: float = Field(
+        1024, ge=0, description="the most one gather (a few columns of a dataset: ids, "
+        "names, pair decisions) brings into the driver (MB, Arrow); past it the run stops "
+        "with an error naming the table")
+    driver_rows: int = Field(
+        2048, ge=0, description="a model that can run in the driver (spaCy extraction, a "
+        "CPU embedder) takes inputs up to this many rows with its one instance, loaded once "
+        "per process, not an actor pool; 0 = always actors")
     idle_workers: int = Field(
         8, ge=0, description="idle worker processes a local Ray keeps warm (beyond its CPUs) "
         "between Ray Data operations; 0 = Ray's default, which restarts them every second"
@@ -96,9 +106,6 @@ class ExtractConfig(_Section):
     context_messages: int = Field(4, ge=0, description="previous messages given as context")
     batch_size: int = 256
     actors: int | None = Field(None, description="extractor actors; null = one per CPU")
-    driver_rows: int = Field(
-        1024, ge=0, description="spacy: up to this many episodes are extracted by the "
-        "driver's one extractor, loaded once per process, not by an actor pool")
     max_json_depth: int = Field(3, description="nesting levels of a JSON record mapped to facts")
     max_entity_words: int = 8
     chunk_rows: int = Field(
@@ -126,9 +133,6 @@ class EmbedConfig(_Section):
     threads_per_actor: int = 1
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda if seen")
     gpus_per_actor: float = Field(0, ge=0, description="GPUs reserved per embedder actor")
-    driver_rows: int = Field(
-        2048, ge=0, description="texts up to this many per column are embedded by the "
-        "driver's one model, loaded once per process, not by an actor pool (CPU only)")
 
 
 class ResolveConfig(_Section):

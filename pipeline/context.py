@@ -34,11 +34,6 @@ class RunContext:
         """Hash-shuffle partitions for groupbys and joins."""
         return self.config.ray.shuffle_partitions or 2 * self.cpus
 
-    @property
-    def driver_bytes(self) -> int:
-        """What the driver takes on itself instead of Ray tasks (`ray.driver_mb`)."""
-        return int(self.config.ray.driver_mb * 2**20)
-
     def partitions_for(self, rows: int) -> int:
         """More partitions for big shuffles, so one block (one task's memory) stays near
         `ray.rows_per_partition` rows whatever the input size."""
@@ -62,9 +57,33 @@ StageFn = Callable[[RunContext, dict[str, Dataset]], dict[str, Dataset]]
 
 
 @dataclass(frozen=True)
+class Publish:
+    """An output of a stage that a run publishes as `table` of the snapshot; `grows`: the
+    table keeps the earlier snapshots' rows (carried by reference), this run's are added."""
+
+    output: str
+    table: str
+    grows: bool = False
+
+
+@dataclass(frozen=True)
 class Stage:
+    """A step of the build. `run`: its full computation; `update`: its computation on top of
+    the previous snapshot (incremental runs; none: `run` serves both), from the same domain
+    functions; `state`: the previous snapshot's tables the stage reads (what it carries
+    between runs); `publishes`: which outputs become which published tables."""
+
     name: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     run: StageFn
     model: bool = False  # a model stage (extraction, embedding): reported apart in benchmarks
+    update: StageFn | None = None
+    state: tuple[str, ...] = ()
+    publishes: tuple[Publish, ...] = ()
+
+    def compute(self, ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+        """`update` when the run builds on a snapshot and the stage has one, else `run`."""
+        if ctx.previous is not None and self.update is not None:
+            return self.update(ctx, inputs)
+        return self.run(ctx, inputs)

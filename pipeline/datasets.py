@@ -1,12 +1,5 @@
-"""Reading finished Parquet outputs back into Ray, and keeping empty blocks out of shuffles.
-
-Ray Data passes an empty block through `map_batches` without calling the function, so the
-block keeps the schema it had before the map (or none at all, after a shuffle partition that
-received no rows). A hash shuffle or join sends the first block of each input to every
-partition to spread the schema; when that block is such an empty one, the partitions later
-fail to concatenate it with real rows ("Schema at index 1 was different") or look up a key
-column it lacks. `nonempty` is the one guard: every shuffle and join goes through it.
-"""
+"""Datasets from Parquet part files and from tables in this process (the engine's empty
+blocks guard is `tkg.pipeline.engine.nonempty`)."""
 
 from __future__ import annotations
 
@@ -16,7 +9,6 @@ from collections.abc import Sequence
 import pyarrow as pa
 import ray
 import ray.data
-from ray.data import Dataset
 from ray.data.dataset import MaterializedDataset
 from tkg.pipeline import storage
 from tkg.pipeline.config import StorageConfig
@@ -70,37 +62,7 @@ def from_tables(tables: Sequence[pa.Table]) -> MaterializedDataset:
                                DatasetStats(metadata={"FromArrow": metadata}, parent=None))
 
 
-@ray.remote
-def _slice(block: pa.Table, start: int, end: int) -> pa.Table:
-    return block.slice(start, end - start)
-
-
 def empty_dataset() -> MaterializedDataset:
     """A dataset with no rows and no columns: what a shuffle of nothing yields. Maps skip
     it, `nonempty` sees it as empty, and writers conform it to their table's schema."""
     return from_tables([pa.table({})])
-
-
-def block_refs_with_rows(ds: Dataset) -> list[ray.ObjectRef]:
-    """The blocks of `ds` (executed) that hold rows, in order."""
-    refs = []
-    for bundle in ds.materialize().iter_internal_ref_bundles():
-        for entry, part in zip(bundle.blocks, bundle.slices, strict=True):
-            if part is None:
-                if entry.metadata.num_rows:
-                    refs.append(entry.ref)
-            elif part.end_offset > part.start_offset:
-                refs.append(_slice.remote(entry.ref, part.start_offset, part.end_offset))
-    return refs
-
-
-def nonempty(ds: Dataset) -> MaterializedDataset | None:
-    """`ds` executed with its empty blocks dropped, or None when it has no rows at all."""
-    executed = ds.materialize()
-    sizes = [entry.metadata.num_rows if part is None else part.end_offset - part.start_offset
-             for bundle in executed.iter_internal_ref_bundles()
-             for entry, part in zip(bundle.blocks, bundle.slices, strict=True)]
-    if sizes and all(sizes):
-        return executed  # nothing to drop: no new dataset (a metadata task per block)
-    refs = block_refs_with_rows(executed)
-    return ray.data.from_arrow_refs(refs) if refs else None

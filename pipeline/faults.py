@@ -81,8 +81,9 @@ def worker_inputs(stage: str, inputs: dict, marker_dir: Path | str) -> dict:
         tempfile.gettempdir(), "tkg-faults", hashlib.sha256(str(marker_dir).encode()).hexdigest())
     folder.mkdir(parents=True, exist_ok=True)
     marker = str(folder / f"_worker_exit.{stage}")
-    return {name: ds.map_batches(_exit_once(marker), batch_format="pyarrow")
-            for name, ds in inputs.items()}
+    from tkg.pipeline import engine
+
+    return {name: engine.map_on_workers(ds, _exit_once(marker)) for name, ds in inputs.items()}
 
 
 def _exit_once(marker: str) -> Callable[[pa.Table], pa.Table]:

@@ -15,9 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
-import ray
 from ray.data import Dataset
-from tkg.pipeline import schema, storage
+from tkg.pipeline import engine, schema, storage
 from tkg.pipeline.datasets import read_parquet_files
 from tkg.pipeline.storage import Location
 
@@ -46,8 +45,8 @@ def write(dataset: Dataset, target: Location, table_schema: pa.Schema) -> int:
     storage.delete_dir(target)
     rows, pending = 0, deque()
     with ThreadPoolExecutor(storage.IO_THREADS) as pool:  # uploads overlap (object stores)
-        for index, ref in enumerate(dataset.to_arrow_refs()):
-            table = schema.conform(ray.get(ref), table_schema)
+        for index, block in enumerate(engine.stream(dataset)):
+            table = schema.conform(block, table_schema)
             if table.num_rows:
                 pending.append(pool.submit(storage.write_parquet, table,
                                            storage.join(target, f"part-{index:05d}.parquet")))

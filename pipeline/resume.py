@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from tkg.pipeline import faults, outputs, schema, storage
+from tkg.pipeline import engine, faults, outputs, schema, storage
 from tkg.pipeline.storage import Location
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def run_in_chunks(ctx: RunContext, stage: Stage, key: str, chunk_rows: int,
     root = storage.join(ctx.work_dir, stage.name, CHUNKS)
     data = inputs[source]
     chunks = _plan(root, data.count, chunk_rows)
-    keyed = data.map_batches(_with_bucket(key, chunks), batch_format="pyarrow").materialize()
+    keyed = engine.map(ctx, data, _with_bucket(key, chunks)).materialize()
     chunk_dirs = [storage.join(root, f"{index:05d}") for index in range(chunks)]
     for index, chunk_dir in enumerate(chunk_dirs):
         done = outputs.finished(chunk_dir)
@@ -85,13 +85,14 @@ def run_in_chunks(ctx: RunContext, stage: Stage, key: str, chunk_rows: int,
             continue
         faults.hit(f"{stage.name}_batch", str(index))
         before = dict(ctx.counters)
-        part = keyed.map_batches(_only(index), batch_format="pyarrow")
+        part = engine.map(ctx, keyed, _only(index))
         results = stage.run(ctx, {**inputs, source: part})
         rows = {name: outputs.write(results[name], storage.join(chunk_dir, name),
                                     schema.WORK_TABLES[name](ctx.dim)) for name in stage.outputs}
         outputs.mark_finished(chunk_dir, {"rows": rows, "counters": ctx.counted_since(before)})
         log.info("%s chunk %d/%d done: %s", stage.name, index + 1, chunks, rows)
-    return {name: outputs.read((storage.join(d, name) for d in chunk_dirs), ctx.driver_bytes)
+    driver_bytes = engine.policy(ctx).driver_bytes
+    return {name: outputs.read((storage.join(d, name) for d in chunk_dirs), driver_bytes)
             for name in stage.outputs}
 
 

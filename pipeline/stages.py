@@ -9,7 +9,6 @@ key, so memory per worker is bounded by the largest block, never by the dataset.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -17,27 +16,22 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import ray
-import ray.data
-from ray.data import ActorPoolStrategy, Dataset
-from ray.data.dataset import MaterializedDataset
+from ray.data import Dataset
 from tkg.pipeline import (
     adjudicate,
     communities,
+    engine,
     facts,
     faults,
     resolve,
+    runner,
     schema,
     sources,
     store,
 )
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import RunContext, Stage
-from tkg.pipeline.datasets import (
-    empty_dataset,
-    from_tables,
-    nonempty,
-    read_parquet_files,
-)
+from tkg.pipeline.datasets import empty_dataset, from_tables, read_parquet_files
 from tkg.pipeline.embed import EmbedColumn, shared_embedder
 from tkg.pipeline.extract import EpisodeInput, build_extractor
 from tkg.pipeline.extract.llm import dataset_extractor
@@ -55,7 +49,7 @@ def previous_table(ctx: RunContext, table: str, columns: list[str] | None = None
     files = store.table_files(ctx.previous, table)
     if not files:
         return None
-    rows = read_parquet_files(files, columns, ctx.driver_bytes)
+    rows = read_parquet_files(files, columns, engine.policy(ctx).driver_bytes)
     ctx.count("previous_rows_read", rows.count())  # what the run costs in the store's size
     return rows
 
@@ -65,7 +59,7 @@ def all_extractions(ctx: RunContext, new: Dataset, columns: list[str]) -> Datase
     null): resolution is recomputed over every name, so several runs over parts agree with
     one run over all."""
     previous = previous_table(ctx, INTERNAL_EXTRACTIONS, columns)
-    return new if previous is None else united(ctx, new, mapped(
+    return new if previous is None else engine.union(ctx, new, engine.map(
         ctx, previous, schema.conform, schema.EXTRACTIONS))
 
 
@@ -87,9 +81,10 @@ def _read_file(path: Path | str, run_id: str, config: TkgConfig, created_at: dat
 
 def read_stage(ctx: RunContext, _: dict[str, Dataset]) -> dict[str, Dataset]:
     """One Ray task per input file; bad records become rejects with file and line."""
-    futures = [_read_file.remote(p, ctx.run_id, ctx.config, ctx.created_at) for p in ctx.files]
+    read = engine.run_tasks(_read_file, ((p, ctx.run_id, ctx.config, ctx.created_at)
+                                         for p in ctx.files))
     episodes, rejects = [], []
-    for ep_table, rej_table, stats in ray.get(futures):
+    for ep_table, rej_table, stats in read:
         episodes.append(ep_table)
         rejects.append(rej_table)
         for key in ("episodes_in", "episodes_ok", "rejected", "missing_timezone"):
@@ -113,153 +108,6 @@ def _with_window_key(batch: pa.Table) -> pa.Table:
 WINDOW_OUT = schema.WINDOWED_EPISODES.append(pa.field("reject", pa.string()))
 
 
-def _small(ds: MaterializedDataset, ctx: RunContext) -> pa.Table | None:
-    """All rows of `ds` as one table on the driver when they fit `ray.driver_mb`, else
-    None. A night's rows, and a small store's, are shuffled and joined faster here than by
-    Ray Data's hash shuffle, whose operators start for any size (the 5,000 + 200 bench's
-    incremental facts stage, about 20 shuffles and joins of a few thousand rows, took 29 s
-    on the loaded machine where its arithmetic takes under 1 s)."""
-    if not _on_this_process(ds, ctx):
-        return None
-    tables = _blocks(ds)
-    return pa.concat_tables(tables, promote_options="default") if tables else None
-
-
-def _blocks(ds: Dataset) -> list[pa.Table]:
-    """The Arrow blocks of `ds` that hold rows, in this process."""
-    return [block for block in (ray.get(ref) for ref in ds.to_arrow_refs()) if block.num_rows]
-
-
-def _map_on_driver(ds: Dataset, fn: Callable[[pa.Table], pa.Table]) -> Dataset:
-    """`fn` over each Arrow block of `ds` that holds rows, in this process (the driver paths
-    of small work); an empty block is skipped, as Ray Data passes it by without a call."""
-    return _gathered([fn(block) for block in _blocks(ds)])
-
-
-def _gathered(tables: list[pa.Table]) -> Dataset:
-    """Tables made in the driver as one dataset: one block when they share a schema (fewer
-    objects to put and get back), else a block each, as Ray Data would hold them."""
-    if not tables:
-        return empty_dataset()
-    if len(tables) > 1 and all(t.schema.equals(tables[0].schema) for t in tables[1:]):
-        tables = [pa.concat_tables(tables)]
-    return from_tables(tables)
-
-
-def _on_this_process(ds: Dataset, ctx: RunContext) -> bool:
-    """Whether work on `ds` runs in the driver: its blocks are computed and fit
-    `ray.driver_mb`. A Ray Data map or union of a small dataset starts an executor, about
-    0.25 s where the arithmetic takes milliseconds (measured: 250 ms vs 12 ms for 20,000
-    rows); the 10,000 + 200 incremental run made about a hundred of them."""
-    if not isinstance(ds, MaterializedDataset):
-        return False
-    size = ds.size_bytes()
-    return size is not None and size <= ctx.driver_bytes
-
-
-def mapped(ctx: RunContext, ds: Dataset, fn: Callable[..., pa.Table], *fn_args: object,
-           **ray_options: object) -> Dataset:
-    """`fn(block, *fn_args)` over the Arrow blocks of `ds`: in the driver, block by block,
-    when `_on_this_process`; otherwise a Ray Data `map_batches` with `ray_options`. Every
-    `fn` here is row-local or takes whole blocks (batch_size=None), so both agree."""
-    if _on_this_process(ds, ctx):
-        return _map_on_driver(ds, lambda block: fn(block, *fn_args))
-    return ds.map_batches(fn, batch_format="pyarrow", fn_args=fn_args, **ray_options)
-
-
-def united(ctx: RunContext, first: Dataset, *others: Dataset) -> Dataset:
-    """The rows of every dataset, one after the other (`Dataset.union`), gathered in the
-    driver when each is `_on_this_process`."""
-    parts = (first, *others)
-    if not all(_on_this_process(ds, ctx) for ds in parts):
-        return first.union(*others)
-    return _gathered([block for ds in parts for block in _blocks(ds)])
-
-
-def _as_dataset(table: pa.Table) -> Dataset:
-    return from_tables([table]) if table.num_rows else empty_dataset()
-
-
-def partitioned(ds: Dataset, keys: list[str], ctx: RunContext) -> Dataset:
-    """Hash-shuffled by `keys` and materialized: every key's rows share one block."""
-    rows = nonempty(ds)
-    if rows is None:
-        return empty_dataset()
-    if (local := _small(rows, ctx)) is not None:
-        return _as_dataset(local)  # one block holds every key
-    return nonempty(rows.repartition(ctx.partitions, keys=keys)) or empty_dataset()
-
-
-def shuffled(ds: Dataset, keys: list[str], fn: Callable[..., pa.Table], ctx: RunContext,
-             *fn_args: object, partitions: int | None = None) -> Dataset:
-    """Hash-shuffle by `keys` (every key's rows land in one block, bounded by the largest
-    key, not the dataset), then run `fn` once per block. This is what Ray's map_groups does,
-    without a Python call and a table per group. Empty blocks are dropped on both sides of
-    the shuffle (see `datasets`); no rows in gives an empty dataset out, without calling fn."""
-    rows = nonempty(ds)
-    if rows is None:
-        return empty_dataset()
-    if (local := _small(rows, ctx)) is not None:
-        return _as_dataset(fn(local, *fn_args))  # one block: every key whole
-    out = rows.repartition(partitions or ctx.partitions, keys=keys).map_batches(
-        fn, batch_size=None, batch_format="pyarrow", fn_args=fn_args)
-    return nonempty(out) or empty_dataset()
-
-
-def joined(left: Dataset, right: Dataset, join_type: str, on: tuple[str, ...],
-           ctx: RunContext) -> Dataset:
-    """`left.join(right)` that holds when either side has no rows (a Ray join of an empty
-    side fails on its missing key columns): an empty left gives nothing, an empty right
-    gives nothing (inner) or the left rows unchanged (left_outer, left_anti; the right's
-    columns are filled in by whoever reads them)."""
-    left_rows = nonempty(left)
-    if left_rows is None:
-        return empty_dataset()
-    right_rows = nonempty(right)
-    if right_rows is None:
-        return empty_dataset() if join_type == "inner" else left_rows
-    if (small_left := _small(left_rows, ctx)) is not None and (
-            small_right := _small(right_rows, ctx)) is not None:
-        return _as_dataset(_join_tables(small_left, small_right, join_type, list(on)))
-    return left_rows.join(right_rows, join_type=join_type, num_partitions=ctx.partitions,
-                          on=on)
-
-
-def _join_tables(left: pa.Table, right: pa.Table, join_type: str, on: list[str]
-                 ) -> pa.Table:
-    """`joined` of two tables on the driver: the keys matched by polars, the rows taken by
-    Arrow (Arrow's own join refuses list columns, which facts and entities carry); left
-    columns, then the right's others, as Ray's join gives them."""
-    import polars as pl
-
-    keys_left = pl.from_arrow(left.select(on)).with_row_index("_left")
-    keys_right = pl.from_arrow(right.select(on)).with_row_index("_right")
-    if join_type == "left_anti":
-        kept = keys_left.join(keys_right, on=on, how="anti")["_left"]
-        return left.take(kept.to_arrow())
-    how = {"inner": "inner", "left_outer": "left"}[join_type]
-    pairs = keys_left.join(keys_right, on=on, how=how).sort("_left", maintain_order=True)
-    out = left.take(pairs["_left"].to_arrow())
-    others = right.drop_columns(on).take(pairs["_right"].to_arrow())
-    for name, column in zip(others.column_names, others.columns, strict=True):
-        out = out.append_column(name, column)
-    return out
-
-
-def pool_size(configured: int, rows: int, rows_per_block: int) -> int:
-    """Actors for a model stage: no more than the blocks `spread` makes of its rows, since
-    an actor without a block only loads a model (an 18-record build started two actors, two
-    model loads, for each of its five model pools)."""
-    return max(1, min(configured, math.ceil(rows / max(rows_per_block, 1))))
-
-
-def spread(ds: Dataset, rows_per_block: int) -> Dataset:
-    """Split big blocks before an actor pool: one block feeds one actor at a time, so a
-    stage whose input is a single block would leave every other actor idle. Materialized
-    first, because an actor pool holding every CPU starves the tasks that would split."""
-    return ds.repartition(target_num_rows_per_block=rows_per_block).materialize()
-
-
 def _window_block(rows: pa.Table, args: dict) -> pa.Table:
     episodes, rejects = sources.window_episodes(rows.drop_columns(["window_key"]), **args)
     out = schema.conform(episodes, WINDOW_OUT)
@@ -275,20 +123,20 @@ def window_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
         "context_messages": ctx.config.extract.context_messages, "run_id": ctx.run_id,
         "created_at": ctx.created_at, "payload_chars": ctx.config.limits.reject_payload_chars,
     }
-    keyed = mapped(ctx, inputs["raw_episodes"], _with_window_key)
-    grouped = shuffled(keyed, ["window_key"], _window_block, ctx, args).materialize()
+    keyed = engine.map(ctx, inputs["raw_episodes"], _with_window_key)
+    grouped = engine.shuffle(ctx, keyed, ["window_key"], _window_block, args).materialize()
     # Re-deliveries (same id, same content) are what the window dropped: rows in minus rows
     # out, kept or rejected.
     ctx.count("duplicates", inputs["raw_episodes"].count() - grouped.count())
-    episodes = mapped(ctx, grouped, _kept_episodes)
+    episodes = engine.map(ctx, grouped, _kept_episodes)
     stored = previous_table(ctx, "episodes", ["episode_id"])
     if stored is not None:  # re-ingesting what the store has is a no-op
         episodes = episodes.materialize()  # counted and joined: computed once
         before = episodes.count()
-        episodes = joined(episodes, stored, "left_anti",
-                          ("episode_id",), ctx).materialize()
+        episodes = engine.join(ctx, episodes, stored, "left_anti",
+                               ("episode_id",)).materialize()
         ctx.count("already_ingested", before - episodes.count())
-    rejects = mapped(ctx, grouped, _decode_rejects)
+    rejects = engine.map(ctx, grouped, _decode_rejects)
     return {"episodes": episodes, "window_rejects": rejects}
 
 
@@ -304,13 +152,6 @@ def _decode_rejects(batch: pa.Table) -> pa.Table:
 
 
 # --- extract ------------------------------------------------------------------------------
-
-
-def model_actors(ctx: RunContext) -> dict[str, int]:
-    """Ray options of a model actor pool: a dead actor is restarted and its batch retried
-    `ray.actor_restarts` times, then the stage fails (and `ray.stage_attempts` decides)."""
-    restarts = ctx.config.ray.actor_restarts
-    return {"max_restarts": restarts, "max_task_retries": restarts}
 
 
 class ExtractBatch:
@@ -367,55 +208,53 @@ LLM_USAGE = ("llm_calls", "llm_prompt_tokens", "llm_completion_tokens", "llm_ret
 _DRIVER_EXTRACTORS: dict[str, ExtractBatch] = {}  # per config: loaded once per process
 
 
-def _extract_on_driver(ctx: RunContext, episodes: Dataset) -> Dataset:
-    """The extraction of a few episodes in this process: a night of a few hundred episodes
-    spent most of its extract stage starting actors that load spaCy and a model each."""
-    key = ctx.config.model_dump_json()
+def _driver_extractor(config: TkgConfig) -> ExtractBatch:
+    """The driver's extractor, loaded once per process and config."""
+    key = config.model_dump_json()
     if key not in _DRIVER_EXTRACTORS:
-        _DRIVER_EXTRACTORS[key] = ExtractBatch(ctx.config)
-    extract = _DRIVER_EXTRACTORS[key]
-    return _map_on_driver(episodes, extract)
+        _DRIVER_EXTRACTORS[key] = ExtractBatch(config)
+    return _DRIVER_EXTRACTORS[key]
+
+
+def extractor(config: TkgConfig, crash: bool) -> runner.Model:
+    """Extraction as a model over episodes: spaCy may run in the driver (a night of a few
+    hundred episodes spent most of its extract stage starting actors that load spaCy and a
+    model each); an LLM extractor, or one told to crash, runs on actors."""
+    in_driver = config.extract.backend == "spacy" and not crash
+    return runner.Model(ExtractBatch, (config, crash), batch_rows=config.extract.batch_size,
+                        actors=config.extract.actors,
+                        local=(lambda: _driver_extractor(config)) if in_driver else None)
 
 
 def extract_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Entities and facts per episode; a failed episode stays, with no extraction, in rejects."""
     if (dataset_extract := dataset_extractor(ctx.config)) is not None:  # vLLM on GPU actors
-        extractions = dataset_extract(inputs["episodes"], ctx.config).materialize()
-        return {"extractions": count_llm(ctx, extractions),
-                "extract_rejects": extractions.map_batches(
-                    _extraction_rejects(ctx.run_id, ctx.created_at), batch_format="pyarrow")}
-    episodes = nonempty(inputs["episodes"])
-    if episodes is None:  # nothing to extract: no actor pool (a model load) for no rows
+        extractions = runner.over_dataset(
+            inputs["episodes"], lambda episodes: dataset_extract(episodes, ctx.config))
+    elif engine.nonempty(inputs["episodes"]) is None:  # no model load for no rows
         return {"extractions": empty_dataset(), "extract_rejects": empty_dataset()}
-    crash = faults.actor_exit("extract")
-    if (ctx.config.extract.backend == "spacy" and not crash
-            and episodes.count() <= ctx.config.extract.driver_rows):
-        extractions = _extract_on_driver(ctx, episodes)
     else:
-        extractions = _extract_on_actors(ctx, episodes, crash)
-    rejects = mapped(ctx, extractions, _extraction_rejects(ctx.run_id, ctx.created_at))
+        model = extractor(ctx.config, crash=faults.actor_exit("extract"))
+        extractions = runner.over_rows(ctx, inputs["episodes"], model)
+    rejects = engine.map(ctx, extractions, _extraction_rejects(ctx.run_id, ctx.created_at))
     return {"extractions": count_llm(ctx, extractions), "extract_rejects": rejects}
-
-
-def _extract_on_actors(ctx: RunContext, episodes: Dataset, crash: bool) -> Dataset:
-    actors = pool_size(ctx.config.extract.actors or ctx.cpus, episodes.count(),
-                       ctx.config.extract.batch_size)
-    return spread(episodes, ctx.config.extract.batch_size).map_batches(
-        ExtractBatch, fn_constructor_args=(ctx.config, crash),
-        batch_format="pyarrow", batch_size=ctx.config.extract.batch_size,
-        compute=ActorPoolStrategy(size=actors), num_cpus=1, **model_actors(ctx),
-    ).materialize()
 
 
 # --- resolve entities ---------------------------------------------------------------------
 
 
+def name_nodes(mentions: pa.Table, created_at: datetime) -> pa.Table:
+    """One node per normalized name of a group: the mentions, not yet mapped to entities,
+    grouped by name (what `resolve.resolve_entities` does with unmapped mentions)."""
+    return resolve.resolve_entities(mentions, created_at)
+
+
 def names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Name nodes: every surface form that normalizes the same, per group (exact match)."""
     extractions = all_extractions(ctx, inputs["extractions"], ENTITY_COLUMNS)
-    mentions = mapped(ctx, extractions, resolve.mention_rows).materialize()
-    nodes = shuffled(mentions, ["group_id", "normalized"], resolve.resolve_entities, ctx,
-                     ctx.created_at)
+    mentions = engine.map(ctx, extractions, resolve.mention_rows).materialize()
+    nodes = engine.shuffle(ctx, mentions, ["group_id", "normalized"], name_nodes,
+                           ctx.created_at)
     return {"name_nodes": nodes, "entity_mentions": mentions}  # resolve maps the mentions
 
 
@@ -437,10 +276,10 @@ def _rename(mapping: dict[str, str]) -> Callable[[pa.Table], pa.Table]:
 def join_alias_map(ds: Dataset, alias_map: Dataset, ctx: RunContext, column: str,
                    prefix: str = "") -> Dataset:
     """Attach the resolved entity of `column` (a normalized name) to every row."""
-    right = mapped(ctx, alias_map, _rename({
+    right = engine.map(ctx, alias_map, _rename({
         "normalized": column, "entity_id": f"{prefix}entity_id", "root": f"{prefix}root",
         "evidence": f"{prefix}evidence", "score": f"{prefix}score"}))
-    return joined(ds, right, "inner", ("group_id", column), ctx)
+    return engine.join(ctx, ds, right, "inner", ("group_id", column))
 
 
 class AdjudicateBatch:
@@ -457,15 +296,14 @@ class AdjudicateBatch:
 
 
 def _undecided(pairs: Dataset) -> int:
-    merge = _on_driver(pairs, ["merge"])["merge"]
-    return int(pc.sum(pc.invert(merge)).as_py() or 0) if len(merge) else 0
+    return engine.total(pairs, lambda block: int(pc.sum(pc.invert(block["merge"])).as_py() or 0))
 
 
 def _candidates(ctx: RunContext, keyed: Dataset) -> Dataset:
     """Pair decisions of the blocks in `keyed` (shuffled by block)."""
-    return shuffled(keyed, ["group_id", "key"], resolve.candidate_pairs, ctx,
-                    ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
-                    ).materialize()
+    return engine.shuffle(ctx, keyed, ["group_id", "key"], resolve.candidate_pairs,
+                          ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
+                          ).materialize()
 
 
 def _adjudicated(ctx: RunContext, pairs: Dataset) -> Dataset:
@@ -473,9 +311,8 @@ def _adjudicated(ctx: RunContext, pairs: Dataset) -> Dataset:
     undecided = _undecided(pairs)
     ctx.count("ambiguous_pairs", undecided)
     if undecided and ctx.config.resolve.adjudicator != "none":
-        pairs = pairs.map_batches(
-            AdjudicateBatch, fn_constructor_args=(ctx.config,), batch_format="pyarrow",
-            compute=ActorPoolStrategy(size=1), num_cpus=1, **model_actors(ctx)).materialize()
+        pairs = runner.over_rows(ctx, pairs, runner.Model(
+            AdjudicateBatch, (ctx.config,), actors=1, fixed_pool=True))
         pairs = take_usage(ctx, pairs, "resolve").materialize()  # LLM judges' calls, tokens
         ctx.count("adjudicated_pairs", undecided - _undecided(pairs))
     return pairs
@@ -502,16 +339,21 @@ def _pairs_against_stored(ctx: RunContext, keyed: Dataset, stored: Dataset,
     blocks tonight's names fall in decided again (`resolve.blocks_to_recompute`); only
     pairs with a name of tonight go to the adjudicator. The store's block keys come to the
     driver as three string columns; the pairs are a few per name."""
-    changed = _on_driver(mapped(ctx, new, resolve.mention_rows), ["group_id", "normalized"])
-    before = _conformed(stored, resolve.PAIRS)
-    kept, blocks = resolve.blocks_to_recompute(before, _on_driver(keyed, KEY_COLUMNS), changed)
+    changed = engine.gather(ctx, engine.map(ctx, new, resolve.mention_rows),
+                            ["group_id", "normalized"], what="tonight's names")
+    before = engine.gather(ctx, stored, table_schema=resolve.PAIRS, what="stored pairs")
+    kept, blocks = resolve.blocks_to_recompute(
+        before, engine.gather(ctx, keyed, KEY_COLUMNS, what="blocking keys"), changed)
     ctx.count("resolve_blocks_recomputed", blocks.num_rows)
     chosen = set(_name_keys(blocks["group_id"], blocks["key"]).to_pylist())
-    fresh = _candidates(ctx, mapped(ctx, keyed, _in_set("key", chosen, group_column="group_id")
+    fresh = _candidates(ctx, engine.map(ctx, keyed, _in_set("key", chosen, group_column="group_id")
                                     ).materialize())
-    repeated, tonight = resolve.known_pairs(_conformed(fresh, resolve.PAIRS), before, changed)
-    decided = _conformed(_adjudicated(ctx, _as_dataset(tonight)), resolve.PAIRS)
-    return _as_dataset(resolve.distinct_pairs(pa.concat_tables([kept, repeated, decided])))
+    repeated, tonight = resolve.known_pairs(
+        engine.gather(ctx, fresh, table_schema=resolve.PAIRS, what="pairs decided again"),
+        before, changed)
+    decided = engine.gather(ctx, _adjudicated(ctx, engine.as_dataset(tonight)),
+                            table_schema=resolve.PAIRS, what="adjudicated pairs")
+    return engine.as_dataset(resolve.distinct_pairs(pa.concat_tables([kept, repeated, decided])))
 
 
 def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -519,25 +361,25 @@ def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Data
     shuffle keyed by group. A later run decides only the blocks its names fall in and
     keeps the stored pairs of the others (`_pairs_against_stored`)."""
     nodes = inputs["name_vectors"]
-    keyed = mapped(ctx, nodes, resolve.blocking_keys, ctx.config.resolve).materialize()
+    keyed = engine.map(ctx, nodes, resolve.blocking_keys, ctx.config.resolve).materialize()
     stored = _stored_pairs(ctx)
     if stored is None:
         pairs = _adjudicated(ctx, _candidates(ctx, keyed))
     else:
         pairs = _pairs_against_stored(ctx, keyed, stored, inputs["extractions"])
-    every_node = mapped(ctx, nodes, resolve.node_pairs)
-    alias_map = shuffled(united(ctx, pairs, every_node), ["group_id"], resolve.cluster, ctx
-                         ).materialize()
+    every_node = engine.map(ctx, nodes, resolve.node_pairs)
+    alias_map = engine.shuffle(ctx, engine.union(ctx, pairs, every_node), ["group_id"],
+                               resolve.cluster).materialize()
     with_entity = join_alias_map(inputs["entity_mentions"], alias_map, ctx, "normalized")
-    by_entity = partitioned(with_entity, ["group_id", "entity_id"], ctx)  # a shuffle, 2 uses
-    entities = mapped(ctx, by_entity, resolve.resolve_entities, ctx.created_at,
+    by_entity = engine.partition(ctx, with_entity, ["group_id", "entity_id"])  # a shuffle, 2 uses
+    entities = engine.map(ctx, by_entity, resolve.resolve_entities, ctx.created_at,
                       batch_size=None).materialize()
     return {
         "resolution_pairs": pairs,
         "alias_map": alias_map,
         "resolved_entities": entities,
-        "entity_aliases": mapped(ctx, entities, resolve.alias_rows),
-        "mentions": mapped(ctx, by_entity, resolve.episode_mentions, batch_size=None),
+        "entity_aliases": engine.map(ctx, entities, resolve.alias_rows),
+        "mentions": engine.map(ctx, by_entity, resolve.episode_mentions, batch_size=None),
     }
 
 
@@ -549,15 +391,15 @@ def _merged_edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset) -> Dat
     relation) with merged provenance (shuffled by edge)."""
     with_source = join_alias_map(mentions, alias_map, ctx, "source_normalized", "source_")
     with_both = join_alias_map(with_source, alias_map, ctx, "target_normalized", "target_")
-    rows = mapped(ctx, with_both, facts.fact_rows, ctx.config.facts)
-    return shuffled(rows, ["edge_id"], facts.merge_facts, ctx, ctx.created_at)
+    rows = engine.map(ctx, with_both, facts.fact_rows, ctx.config.facts)
+    return engine.shuffle(ctx, rows, ["edge_id"], facts.merge_facts, ctx.created_at)
 
 
 def _checked(ctx: RunContext, edges: Dataset) -> Dataset:
     """Invalidation per subject (shuffled by subject) and the optional judge for what the
     rules left open."""
-    checked = shuffled(edges, ["group_id", "source_entity_id"], facts.invalidate, ctx,
-                       ctx.config.facts)
+    checked = engine.shuffle(ctx, edges, ["group_id", "source_entity_id"], facts.invalidate,
+                             ctx.config.facts)
     if (judge := adjudicate.build_invalidation_judge(ctx.config)) is not None:
         checked = adjudicate.judge_invalidations(ctx, checked, judge)  # what rules left open
     return checked.materialize()  # feeds the summaries and the stage output
@@ -569,11 +411,11 @@ def _edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset) -> Dataset:
 
 def _summaries(ctx: RunContext, edges: Dataset, only: set[str] | None = None) -> Dataset:
     """Extractive summaries (group_id, entity_id, summary) of every entity, or of `only`."""
-    sources = mapped(ctx, edges, facts.summary_sources)
+    sources = engine.map(ctx, edges, facts.summary_sources)
     if only is not None:
-        sources = mapped(ctx, sources, _in_set("entity_id", only))
-    return shuffled(sources, ["group_id", "entity_id"], facts.entity_summaries, ctx,
-                    ctx.config.facts.summary_facts)
+        sources = engine.map(ctx, sources, _in_set("entity_id", only))
+    return engine.shuffle(ctx, sources, ["group_id", "entity_id"], facts.entity_summaries,
+                          ctx.config.facts.summary_facts)
 
 
 def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -582,45 +424,28 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     stored = previous_table(ctx, "facts", schema.MERGED_FACTS.names)
     recomputed = empty_dataset()
     if stored is None:
-        mentions = mapped(ctx, all_extractions(ctx, inputs["extractions"], FACT_COLUMNS),
+        mentions = engine.map(ctx, all_extractions(ctx, inputs["extractions"], FACT_COLUMNS),
                           facts.fact_mentions)
         checked = _edges(ctx, mentions, inputs["alias_map"])
         summaries = _summaries(ctx, checked)
     else:
         checked, summaries, recomputed = _touched_facts(
             ctx, inputs["extractions"], inputs["alias_map"], stored)
-    entities = mapped(ctx, joined(
-        mapped(ctx, inputs["resolved_entities"], _without, ["summary"]),
-        mapped(ctx, summaries, _without, ["group_id"]),
-        "left_outer", ("entity_id",), ctx,
+    entities = engine.map(ctx, engine.join(
+        ctx, engine.map(ctx, inputs["resolved_entities"], _without, ["summary"]),
+        engine.map(ctx, summaries, _without, ["group_id"]),
+        "left_outer", ("entity_id",),
     ), _no_null_summary)
     stored = previous_table(ctx, "entities", ["entity_id", "created_at"])
     if stored is not None:  # an entity keeps the transaction time it was first stored at
-        first = mapped(ctx, stored, _rename({"created_at": "first_created_at"}))
-        entities = mapped(ctx, joined(entities, first, "left_outer", ("entity_id",), ctx),
-                          _first_created)
+        first = engine.map(ctx, stored, _rename({"created_at": "first_created_at"}))
+        entities = engine.map(ctx, engine.join(ctx, entities, first, "left_outer",
+                                               ("entity_id",)), _first_created)
     return {"merged_facts": checked, "entities_summarized": entities,
             "recomputed_subjects": recomputed}
 
 
 # --- facts of a later run: only what it touched ----------------------------------------------
-
-
-def _on_driver(ds: Dataset | None, columns: list[str]) -> pa.Table:
-    """A few columns of a dataset, on the driver (touched ids and names: the night's size;
-    the name -> entity map: the store's names, a few bytes each)."""
-    rows = None if ds is None else nonempty(ds)
-    if rows is None:
-        return pa.table({c: pa.array([], pa.string()) for c in columns})
-    return pa.concat_tables([ray.get(ref).select(columns) for ref in rows.to_arrow_refs()])
-
-
-def _conformed(ds: Dataset, table_schema: pa.Schema) -> pa.Table:
-    """Every row of `ds` on the driver, in `table_schema` (empty: its empty table)."""
-    rows = nonempty(ds)
-    blocks = [] if rows is None else _blocks(rows)
-    return pa.concat_tables([schema.conform(block, table_schema) for block in blocks]
-                            or [table_schema.empty_table()])
 
 
 def _name_keys(groups: pa.ChunkedArray | pa.Array, names: pa.ChunkedArray | pa.Array
@@ -671,9 +496,9 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
     Only edges that are new or differ from their stored version go on (to embedding and
     `versions_stage`), with the rebuilt subjects, whose other stored edges are gone.
     Summaries are recomputed for the endpoints of those edges and of the gone ones."""
-    aliases = _on_driver(alias_map, NAME_COLUMNS)
-    stored_aliases = _on_driver(previous_table(ctx, "entity_aliases", NAME_COLUMNS),
-                                NAME_COLUMNS)
+    aliases = engine.gather(ctx, alias_map, NAME_COLUMNS, what="the alias map")
+    stored_aliases = engine.gather(ctx, previous_table(ctx, "entity_aliases", NAME_COLUMNS),
+                                   NAME_COLUMNS, what="stored aliases")
     changed = resolve.changed_entities(stored_aliases, aliases)
     entity_of = dict(zip(_name_keys(aliases["group_id"], aliases["normalized"]).to_pylist(),
                          aliases["entity_id"].to_pylist(), strict=True))
@@ -685,50 +510,54 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
         keys = _name_keys(mentions["group_id"], mentions["source_normalized"]).to_pylist()
         return {entity_of[k] for k in keys if k in entity_of}
 
-    new_mentions = mapped(ctx, new, facts.fact_mentions).materialize()
-    tonight = subjects_in(_on_driver(new_mentions, ["group_id", "source_normalized"]))
-    ends = _on_driver(stored, ["source_entity_id", "target_entity_id"])
+    new_mentions = engine.map(ctx, new, facts.fact_mentions).materialize()
+    tonight = subjects_in(engine.gather(ctx, new_mentions, ["group_id", "source_normalized"],
+                                        what="tonight's fact subjects"))
+    ends = engine.gather(ctx, stored, ["source_entity_id", "target_entity_id"],
+                         what="stored fact endpoints")
     rebuilt = changed | {source for source, target in zip(
         ends["source_entity_id"].to_pylist(), ends["target_entity_id"].to_pylist(),
         strict=True) if target in changed}
     plain = tonight - rebuilt
-    open_versions = mapped(ctx, stored, _open_versions).materialize()
+    open_versions = engine.map(ctx, stored, _open_versions).materialize()
     edges = [_rebuilt_edges(ctx, new_mentions, alias_map, names_of(rebuilt),
                             bool(rebuilt & set(stored_aliases["entity_id"].to_pylist()))),
              _combined_edges(ctx, new_mentions, alias_map, names_of(plain),
-                             mapped(ctx, open_versions, _in_set("source_entity_id", plain)))]
-    emitted = united(ctx, *edges).materialize()
-    dropped = mapped(ctx, open_versions, _in_set("source_entity_id", rebuilt))
+                             engine.map(ctx, open_versions, _in_set("source_entity_id", plain)))]
+    emitted = engine.union(ctx, *edges).materialize()
+    dropped = engine.map(ctx, open_versions, _in_set("source_entity_id", rebuilt))
     touched = set(changed)
     for rows in (emitted, dropped):
-        ends = _on_driver(rows, ["source_entity_id", "target_entity_id"])
+        ends = engine.gather(ctx, rows, ["source_entity_id", "target_entity_id"],
+                             what="touched fact endpoints")
         touched |= set(ends["source_entity_id"].to_pylist())
         touched |= set(ends["target_entity_id"].to_pylist())
     ctx.count("facts_subjects_recomputed", len(rebuilt))
     ctx.count("facts_subjects_extended", len(plain))
-    replaced = set(_on_driver(emitted, ["edge_id"])["edge_id"].to_pylist())
-    carried = mapped(ctx, mapped(ctx, open_versions, _in_set("source_entity_id", rebuilt,
+    replaced = set(engine.gather(ctx, emitted, ["edge_id"], what="emitted edges")
+                   ["edge_id"].to_pylist())
+    carried = engine.map(ctx, engine.map(ctx, open_versions, _in_set("source_entity_id", rebuilt,
                                                              keep=False)),
                      _in_set("edge_id", replaced, keep=False))
-    now = united(ctx, emitted, mapped(ctx, carried, schema.conform, schema.MERGED_FACTS))
-    kept = mapped(ctx, previous_table(ctx, "entities", ["group_id", "entity_id", "summary"]),
+    now = engine.union(ctx, emitted, engine.map(ctx, carried, schema.conform, schema.MERGED_FACTS))
+    kept = engine.map(ctx, previous_table(ctx, "entities", ["group_id", "entity_id", "summary"]),
                   _in_set("entity_id", touched, keep=False))
     recomputed = pa.table({"source_entity_id": pa.array(sorted(rebuilt), pa.string())})
-    return (emitted, united(ctx, _summaries(ctx, now.materialize(), touched), kept),
-            _as_dataset(recomputed))
+    return (emitted, engine.union(ctx, _summaries(ctx, now.materialize(), touched), kept),
+            engine.as_dataset(recomputed))
 
 
 def _rebuilt_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
                    names: set[str], stored_before: bool) -> Dataset:
     """The edges of subjects named `names`, from every mention with them as subject: this
     run's and, when one of them was `stored_before`, earlier runs'."""
-    mentions = mapped(ctx, new_mentions, _in_set("source_normalized", names,
+    mentions = engine.map(ctx, new_mentions, _in_set("source_normalized", names,
                                                  group_column="group_id"))
     earlier = previous_table(ctx, INTERNAL_EXTRACTIONS, FACT_COLUMNS) if stored_before else None
     if earlier is not None:
-        old = mapped(ctx, mapped(ctx, earlier, schema.conform, schema.EXTRACTIONS),
+        old = engine.map(ctx, engine.map(ctx, earlier, schema.conform, schema.EXTRACTIONS),
                      facts.fact_mentions)
-        mentions = united(ctx, mentions, mapped(
+        mentions = engine.union(ctx, mentions, engine.map(
             ctx, old, _in_set("source_normalized", names, group_column="group_id")))
     return _edges(ctx, mentions.materialize(), alias_map)
 
@@ -737,15 +566,21 @@ def _combined_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
                     names: set[str], stored: Dataset) -> Dataset:
     """Tonight's edges of subjects named `names` combined with their `stored` open edges,
     invalidated again; only the new and changed ones."""
-    mentions = mapped(ctx, new_mentions, _in_set("source_normalized", names,
+    mentions = engine.map(ctx, new_mentions, _in_set("source_normalized", names,
                                                  group_column="group_id"))
     edges = schema.MERGED_FACTS
-    tonight = _conformed(_merged_edges(ctx, mentions.materialize(), alias_map), edges)
+    tonight = engine.gather(ctx, _merged_edges(ctx, mentions.materialize(), alias_map),
+                            table_schema=edges, what="tonight's edges")
     if tonight.num_rows == 0:
         return empty_dataset()
-    before = _conformed(stored, edges)
-    checked = _conformed(_checked(ctx, _as_dataset(facts.combine_edges(before, tonight))), edges)
-    return _as_dataset(facts.changed_edges(checked, before))
+    before = engine.gather(ctx, stored, table_schema=edges, what="stored open edges")
+    checked = engine.gather(ctx, _checked(ctx, engine.as_dataset(
+        facts.combine_edges(before, tonight))), table_schema=edges, what="combined edges")
+    return engine.as_dataset(facts.changed_edges(checked, before))
+
+
+def _only(batch: pa.Table, columns: list[str]) -> pa.Table:
+    return batch.select(columns)
 
 
 def _without(batch: pa.Table, columns: list[str]) -> pa.Table:
@@ -786,33 +621,24 @@ def _episode_text(batch: pa.Table) -> pa.Table:
 EMBED_BLOCK_ROWS = 1024
 
 
-def _embed_on_driver(ctx: RunContext, rows: Dataset, text: str, vector: str) -> Dataset:
-    """`embed_column` of a few rows in this process: a night's new names and facts are a
-    few hundred texts, and an actor pool per column started a model per actor for them
-    (four pools per incremental run)."""
-    # build_embedder's model (the actors' too, so both give the same vectors), loaded once
-    # per process and shared with the driver's extractor
-    column = EmbedColumn(ctx.config, text, vector, embedder=shared_embedder(ctx.config))
-    return _map_on_driver(rows, column)
+def embedder(config: TkgConfig, text: str, vector: str) -> runner.Model:
+    """Embedding of `text` into `vector` as a model over rows. On a CPU it may run in the
+    driver: a night's new names and facts are a few hundred texts, and an actor pool per
+    column started a model per actor for them. The driver's model is `build_embedder`'s (the
+    actors' too, so both give the same vectors), loaded once per process and shared with
+    the driver's extractor."""
+    gpus = config.embed.gpus_per_actor  # BGE-m3 on GPU actors
+
+    def local() -> EmbedColumn:
+        return EmbedColumn(config, text, vector, embedder=shared_embedder(config))
+
+    return runner.Model(EmbedColumn, (config, text, vector), batch_rows=EMBED_BLOCK_ROWS,
+                        actors=config.embed.actors, gpus=gpus, local=None if gpus else local)
 
 
 def embed_column(ctx: RunContext, ds: Dataset, text: str, vector: str) -> Dataset:
-    """`vector` = the embedding of `text`, on a pool of embedder actors (on the driver when
-    the rows are few: `embed.driver_rows`)."""
-    rows = nonempty(ds)
-    if rows is None:  # no actor pool (a model load) for no rows
-        return empty_dataset()
-    count = rows.count()
-    if count <= ctx.config.embed.driver_rows and not ctx.config.embed.gpus_per_actor:
-        return _embed_on_driver(ctx, rows, text, vector)
-    actors = pool_size(ctx.config.embed.actors or ctx.cpus, count, EMBED_BLOCK_ROWS)
-    return spread(rows, EMBED_BLOCK_ROWS).map_batches(
-        EmbedColumn, fn_constructor_args=(ctx.config, text, vector), batch_format="pyarrow",
-        batch_size=EMBED_BLOCK_ROWS, compute=ActorPoolStrategy(size=actors), num_cpus=1,
-        **model_actors(ctx),
-        **({"num_gpus": ctx.config.embed.gpus_per_actor}
-           if ctx.config.embed.gpus_per_actor else {}),  # BGE-m3 on GPU actors
-    )
+    """`vector` = the embedding of `text`, for every row of `ds`."""
+    return runner.over_rows(ctx, ds, embedder(ctx.config, text, vector))
 
 
 def _stored_vectors(key: str, text: str, vector: str) -> Callable[[pa.Table], pa.Table]:
@@ -853,19 +679,19 @@ def embed_changed(ctx: RunContext, ds: Dataset, table: str, key: str, text: str,
     stored = previous_table(ctx, table, columns)
     if stored is None:
         return embed_column(ctx, ds, text, vector)
-    old = mapped(ctx, stored, _stored_vectors(key, text, vector))
-    both = joined(ds, old, "left_outer", (key, text), ctx).materialize()
-    fresh = mapped(ctx, both, _vector_split(vector, carried=False))
-    kept = nonempty(mapped(ctx, both, _vector_split(vector, carried=True)))
+    old = engine.map(ctx, stored, _stored_vectors(key, text, vector))
+    both = engine.join(ctx, ds, old, "left_outer", (key, text)).materialize()
+    fresh = engine.map(ctx, both, _vector_split(vector, carried=False))
+    kept = engine.nonempty(engine.map(ctx, both, _vector_split(vector, carried=True)))
     embedded = embed_column(ctx, fresh, text, vector)
     ctx.count(f"{what or table}_vectors_carried", kept.count() if kept is not None else 0)
-    return embedded if kept is None else united(ctx, embedded, kept)
+    return embedded if kept is None else engine.union(ctx, embedded, kept)
 
 
 def embed_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Vectors for episode contents, entity names and fact texts (one model per actor);
     names and facts the previous snapshot holds with the same text keep their vectors."""
-    episodes = mapped(ctx, inputs["episodes"], _episode_text)
+    episodes = engine.map(ctx, inputs["episodes"], _episode_text)
     return {
         "episodes_embedded": embed_column(ctx, episodes, "embed_text", "content_embedding"),
         "entities": embed_changed(ctx, inputs["entities_summarized"], "entities",
@@ -891,42 +717,44 @@ def versions_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dat
         return {"facts_versioned": inputs["facts"]}
     # Stored edges keep their versions as they are unless the facts stage passed them on
     # (new or changed) or rebuilt their subject (rebuilt, or gone): only those meet in the
-    # shuffle.
-    subjects = set(_on_driver(inputs["recomputed_subjects"], ["source_entity_id"])
-                   ["source_entity_id"].to_pylist())
-    changed = set(_on_driver(inputs["facts"], ["edge_id"])["edge_id"].to_pylist())
-    untouched = mapped(ctx, mapped(ctx, stored, _open_versions),
-                       _in_set("source_entity_id", subjects, keep=False))
-    carried = set(_on_driver(untouched, ["edge_id"])["edge_id"].to_pylist()) - changed
-    both = united(ctx, mapped(ctx, inputs["facts"], _tag("new", ctx.dim)), mapped(
-        ctx, mapped(ctx, stored, _in_set("edge_id", carried, keep=False)),
+    # shuffle. Which edges are carried is a join, on Ray Data when the store is big.
+    untouched = engine.join(ctx, engine.map(ctx, stored, _open_versions),
+                            engine.map(ctx, inputs["recomputed_subjects"], _only,
+                                       ["source_entity_id"]),
+                            "left_anti", ("source_entity_id",))
+    carried = engine.join(ctx, engine.map(ctx, untouched, _only, ["edge_id"]),
+                          engine.map(ctx, inputs["facts"], _only, ["edge_id"]),
+                          "left_anti", ("edge_id",)).materialize()
+    both = engine.union(ctx, engine.map(ctx, inputs["facts"], _tag("new", ctx.dim)), engine.map(
+        ctx, engine.join(ctx, stored, carried, "left_anti", ("edge_id",)),
         _tag("old", ctx.dim)))
-    versioned = shuffled(both, ["edge_id"], facts.version_edges, ctx, ctx.created_at)
-    kept = mapped(ctx, stored, _in_set("edge_id", carried))
-    return {"facts_versioned": united(ctx, versioned, kept)}
+    versioned = engine.shuffle(ctx, both, ["edge_id"], facts.version_edges, ctx.created_at)
+    kept = engine.join(ctx, stored, carried, "inner", ("edge_id",))
+    return {"facts_versioned": engine.union(ctx, versioned, kept)}
 
 
 def communities_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Label propagation per group (shuffled by group, one call per block). Incremental runs
     extend the previous snapshot's communities (communities.refresh: "always" reruns it)."""
     config = ctx.config.communities
-    parts = [mapped(ctx, inputs[name], communities.input_rows, kind)
+    parts = [engine.map(ctx, inputs[name], communities.input_rows, kind)
              for name, kind in (("entities", "entity"), ("facts_versioned", "fact"),
                                 ("mentions", "mention"))]
     mode = "extend" if ctx.previous is not None and config.refresh == "extend" else "refresh"
     for table, kind in (("communities", "community"), ("community_members", "member")):
         stored = previous_table(ctx, table)
         if stored is not None:  # a refresh matches ids against them
-            parts.append(mapped(ctx, stored, communities.input_rows, kind))
-    rows = shuffled(united(ctx, *parts), ["group_id"], communities.community_block, ctx,
-                    ctx.config, ctx.created_at, mode).materialize()
+            parts.append(engine.map(ctx, stored, communities.input_rows, kind))
+    rows = engine.shuffle(ctx, engine.union(ctx, *parts), ["group_id"],
+                          communities.community_block, ctx.config, ctx.created_at, mode
+                          ).materialize()
     rows = take_usage(ctx, rows, "communities").materialize()  # an LLM summarizer's calls
     found = rows.count()
-    placed = _on_driver(rows, ["placed"])["placed"] if found else pa.array([], pa.int64())
-    ctx.count("communities_extended", int(pc.sum(placed).as_py() or 0))
+    ctx.count("communities_extended",
+              engine.total(rows, lambda block: int(pc.sum(block["placed"]).as_py() or 0)))
     named = embed_column(ctx, rows, "name", "name_embedding") if found else rows
     return {"community_rows": rows, "communities": named,
-            "community_members": mapped(ctx, rows, communities.member_rows)}
+            "community_members": engine.map(ctx, rows, communities.member_rows)}
 
 
 STAGES: tuple[Stage, ...] = (

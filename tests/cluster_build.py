@@ -49,7 +49,8 @@ def write_config(config, address: str | None, path: Path) -> str:
 
     data = config.model_dump(mode="json")
     data["ray"]["address"] = address
-    data["extract"].update(driver_rows=0, chunk_rows=120, actors=2, batch_size=32)
+    data["ray"]["driver_rows"] = 0
+    data["extract"].update(chunk_rows=120, actors=2, batch_size=32)
     path.write_text(yaml.safe_dump(data))
     return str(path)
 

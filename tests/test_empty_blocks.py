@@ -58,10 +58,10 @@ NO_SCHEMA = pa.table({})
 
 @pytest.mark.parametrize("empty", [KEYED.empty_table(), NO_SCHEMA], ids=["stale", "schemaless"])
 def test_shuffle_after_a_map_that_skipped_an_empty_first_block(ctx, empty):
-    from tkg.pipeline.stages import shuffled
+    from tkg.pipeline.engine import shuffle
 
     tagged = _dataset(empty, FULL).map_batches(_tag, batch_format="pyarrow")
-    out = shuffled(tagged, ["group_id", "key"], _count_per_key, ctx)
+    out = shuffle(ctx, tagged, ["group_id", "key"], _count_per_key)
     assert _rows(out) == [{"group_id": "g", "key": "a", "value_sum": 3},
                           {"group_id": "h", "key": "b", "value_sum": 3}]
 
@@ -73,18 +73,18 @@ def _never(block: pa.Table, *_: object) -> pa.Table:
 @pytest.mark.parametrize("blocks", [[KEYED.empty_table()], [NO_SCHEMA], [NO_SCHEMA, NO_SCHEMA]],
                          ids=["stale", "schemaless", "several"])
 def test_shuffle_of_no_rows_is_empty_without_calling_the_function(ctx, blocks):
-    from tkg.pipeline.stages import partitioned, shuffled
+    from tkg.pipeline.engine import partition, shuffle
 
     ds = _dataset(*blocks).map_batches(_tag, batch_format="pyarrow")
-    assert shuffled(ds, ["group_id"], _never, ctx).count() == 0
-    assert partitioned(ds, ["group_id"], ctx).count() == 0
+    assert shuffle(ctx, ds, ["group_id"], _never).count() == 0
+    assert partition(ctx, ds, ["group_id"]).count() == 0
 
 
 def test_partitioned_keeps_every_row_in_blocks_with_rows(ctx):
     import ray
-    from tkg.pipeline.stages import partitioned
+    from tkg.pipeline.engine import partition
 
-    out = partitioned(_dataset(NO_SCHEMA, FULL, KEYED.empty_table()), ["group_id"], ctx)
+    out = partition(ctx, _dataset(NO_SCHEMA, FULL, KEYED.empty_table()), ["group_id"])
     tables = [ray.get(ref) for ref in out.to_arrow_refs()]
     assert all(t.num_rows for t in tables)
     assert sum(t.num_rows for t in tables) == 3
@@ -103,9 +103,9 @@ RIGHT = pa.table({"group_id": ["g"], "key": ["a"], "label": ["A"]})
     ("inner", [KEYED.empty_table(), FULL], [NO_SCHEMA, RIGHT], 2),
 ])
 def test_joins_with_an_empty_or_schemaless_side(ctx, join_type, left, right, expected):
-    from tkg.pipeline.stages import joined
+    from tkg.pipeline.engine import join
 
-    out = joined(_dataset(*left), _dataset(*right), join_type, ("group_id", "key"), ctx)
+    out = join(ctx, _dataset(*left), _dataset(*right), join_type, ("group_id", "key"))
     assert out.count() == expected
 
 
@@ -124,12 +124,12 @@ def test_versions_with_an_empty_first_block_of_new_facts(ctx):
     """The nightly failure: this run's facts start with an empty block, the stored ones do
     not; versioning shuffles both by edge."""
     from tkg.pipeline import facts, schema
-    from tkg.pipeline.stages import shuffled
+    from tkg.pipeline.engine import shuffle
 
     new = _dataset(schema.facts(ctx.dim).empty_table(),
                    _facts(ctx.dim, ["e2"], "new").drop_columns(["side"])).map_batches(
         lambda b: b.append_column("side", pa.array(["new"] * b.num_rows, pa.string())),
         batch_format="pyarrow")
     old = _dataset(_facts(ctx.dim, ["e1"], "old"))
-    out = shuffled(new.union(old), ["edge_id"], facts.version_edges, ctx, ctx.created_at)
+    out = shuffle(ctx, new.union(old), ["edge_id"], facts.version_edges, ctx.created_at)
     assert sorted(r["edge_id"] for r in _rows(out)) == ["e1", "e2"]

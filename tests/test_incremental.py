@@ -55,8 +55,7 @@ def runs(ray_session, config, tmp_path_factory) -> tuple[list[BuildResult], Buil
                    run_id=f"run-{i}") for i, records in enumerate(RUNS, start=1)]
     everything = tuple({r["id"]: r for records in RUNS for r in records}.values())
     on_actors = config.model_copy(update={
-        "extract": config.extract.model_copy(update={"driver_rows": 0}),
-        "embed": config.embed.model_copy(update={"driver_rows": 0})})
+        "ray": config.ray.model_copy(update={"driver_rows": 0})})
     whole = build(on_actors, [_write(root / "all", everything)], root / "whole",
                   run_id="whole")
     return parts, whole
