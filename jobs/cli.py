@@ -151,35 +151,15 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_build(args: argparse.Namespace) -> int:
-    from tkg.jobs.bench import bench_build
-    from tkg.jobs.build_output import terminal
-
-    # Under --json the one object is stdout's alone (Ray's raylet warnings go to stderr).
-    with terminal(None, args.json) as (out, _):
-        figures = bench_build(args.episodes, config_path=args.config, seed=args.seed,
-                              groups=args.groups, workdir=args.workdir, store=args.store,
-                              s3_server=args.s3_server)
-        if args.json:
-            print(json.dumps(figures, default=str), file=out)
-    if not args.json:
-        from tkg.jobs.bench import print_bench
-
-        print_bench(figures)
-    return 0
-
-
-def _register(module: str, commands: Any, benches: Any) -> None:
-    """Let one jobs module add its commands (and benches) to the parser."""
+def _register(module: str, commands: Any) -> None:
+    """Let one jobs module add its commands to the parser."""
     from importlib import import_module
 
     imported = import_module(f"tkg.jobs.{module}")
     if module == "query_commands":
-        imported.add_query_commands(commands, benches)
+        imported.add_query_commands(commands)
     elif module in ("refresh_communities", "ops"):
-        imported.add_commands(commands, benches)
-    elif module.startswith("bench_"):
-        imported.add_command(benches)
+        imported.add_commands(commands)
     else:
         imported.add_command(commands)
 
@@ -200,31 +180,23 @@ COMMANDS = {
     "gc": ("ops", "remove old snapshots and finished work dirs"),
     "mcp": ("mcp", "memory as MCP tools for agents (stdio or streamable HTTP)"),
 }
-BENCHES = {
-    "resolution": ("bench_resolution", "synthetic mentions with known duplicates"),
-    "locomo": ("bench_locomo", "LoCoMo (../shared/data): evidence recall@k and hit@k"),
-    "query": ("query_commands", "query latency on a synthetic store"),
-    "communities": ("refresh_communities", "label propagation, planted partition"),
-    "serve": ("ops", "HTTP load on a synthetic store, publish mid-run"),
-    "incremental": ("bench_incremental", "a full build, then a small newer run into it"),
-}
 
 
-def _add_lazy_commands(commands: Any, benches: Any, argv: list[str] | None) -> None:
+def _add_lazy_commands(commands: Any, argv: list[str] | None) -> None:
     """The module of the command being run registers for real; every other command gets a
-    stand-in with its help line, enough for `tkg --help` and `tkg bench --help`."""
+    stand-in with its help line, enough for `tkg --help`. The benchmarks register from their
+    own package (jobs/bench), imported only when `tkg bench ...` runs."""
     words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
-    wanted = None
-    if words[:1] == ["bench"] and len(words) > 1:
-        wanted = BENCHES.get(words[1], (None, ""))[0]
-    elif words:
-        wanted = COMMANDS.get(words[0], (None, ""))[0]
-    if wanted is not None:
-        _register(wanted, commands, benches)
-    for table, action in ((COMMANDS, commands), (BENCHES, benches)):
-        for name, (_, text) in table.items():
-            if name not in action.choices:
-                action.add_parser(name, help=text)
+    if words[:1] == ["bench"]:
+        from tkg.jobs.bench import add_benches
+
+        benches = commands.choices["bench"].add_subparsers(dest="bench", required=True)
+        add_benches(benches, words[1] if len(words) > 1 else None)
+    elif words and words[0] in COMMANDS:
+        _register(COMMANDS[words[0]][0], commands)
+    for name, (_, text) in COMMANDS.items():
+        if name not in commands.choices:
+            commands.add_parser(name, help=text)
 
 
 def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -251,23 +223,8 @@ def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     stats.add_argument("--json", action="store_true")
     stats.set_defaults(fn=cmd_stats)
 
-    bench = commands.add_parser("bench", help="benchmarks (print figures, never gate)")
-    benches = bench.add_subparsers(dest="bench", required=True)
-    bench_build = benches.add_parser("build", help="synthetic episodes, embedded default")
-    bench_build.add_argument("--episodes", type=int, default=20_000)
-    bench_build.add_argument("--groups", type=int, default=3)
-    bench_build.add_argument("--seed", type=int, default=0)
-    bench_build.add_argument("--config", default=None)
-    bench_build.add_argument("--workdir", default=None, help="keep inputs and store here")
-    bench_build.add_argument(
-        "--store", default=None, help="build into this store; an s3:// URL also builds the "
-        "same input into a local folder first and prints both wall times and their ratio")
-    bench_build.add_argument("--s3-server", action="store_true",
-                             help="start moto's S3 server on 127.0.0.1 for --store s3://...")
-    bench_build.add_argument("--json", action="store_true")
-    bench_build.set_defaults(fn=cmd_bench_build)
-
-    _add_lazy_commands(commands, benches, argv)
+    commands.add_parser("bench", help="benchmarks (print figures, never gate)")
+    _add_lazy_commands(commands, argv)
     return root
 
 

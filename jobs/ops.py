@@ -1,4 +1,4 @@
-"""`tkg serve`, `tkg keys add`, `tkg gc` and `tkg bench serve` (registered by jobs/cli.py)."""
+"""`tkg serve`, `tkg keys add` and `tkg gc` (registered by jobs/cli.py)."""
 
 from __future__ import annotations
 
@@ -48,20 +48,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_serve(args: argparse.Namespace) -> int:
-    from tkg.jobs.bench_serve import bench_serve, print_bench
-
-    figures = bench_serve(args.facts, seconds=args.seconds, concurrency=args.concurrency,
-                          dim=args.dim, groups=args.groups, workdir=args.workdir,
-                          publish=not args.no_publish, processes=args.processes)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print_bench(figures)
-    return 0
-
-
-def add_commands(commands: Any, benches: Any) -> None:
+def add_commands(commands: Any) -> None:
     serve = commands.add_parser("serve", help="the retrieval API over HTTP")
     serve.add_argument("--store", required=True)
     serve.add_argument("--host", default="127.0.0.1",
@@ -92,16 +79,3 @@ def add_commands(commands: Any, benches: Any) -> None:
     gc.add_argument("--json", action="store_true")
     gc.set_defaults(fn=cmd_gc)
 
-    bench = benches.add_parser("serve", help="HTTP load on a synthetic store, publish mid-run")
-    bench.add_argument("--facts", type=int, default=100_000)
-    bench.add_argument("--seconds", type=float, default=30.0)
-    bench.add_argument("--concurrency", type=int, default=16)
-    bench.add_argument("--dim", type=int, default=384)
-    bench.add_argument("--groups", type=int, default=10)
-    bench.add_argument("--workdir", default=None, help="keep the synthetic store here")
-    bench.add_argument("--processes", type=int, default=None,
-                       help="retrieval processes (default: one per CPU)")
-    bench.add_argument("--no-publish", action="store_true",
-                       help="do not publish a new snapshot during the run")
-    bench.add_argument("--json", action="store_true")
-    bench.set_defaults(fn=cmd_bench_serve)

@@ -1,4 +1,4 @@
-"""`tkg search`, `tkg context`, `tkg eval` and `tkg bench query` (registered by jobs/cli.py)."""
+"""`tkg search`, `tkg context` and `tkg eval` (registered by jobs/cli.py)."""
 
 from __future__ import annotations
 
@@ -106,19 +106,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_query(args: argparse.Namespace) -> int:
-    from tkg.jobs.bench_query import bench_query, print_bench
-
-    figures = bench_query(args.facts, queries=args.queries, dim=args.dim, groups=args.groups,
-                          workdir=args.workdir, seed=args.seed, reuse=args.reuse)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print_bench(figures)
-    return 0
-
-
-def add_query_commands(commands: Any, benches: Any) -> None:
+def add_query_commands(commands: Any) -> None:
     """Register the retrieval commands on the `tkg` parser."""
     search = commands.add_parser("search", help="search the current snapshot")
     _add_query_flags(search)
@@ -145,14 +133,3 @@ def add_query_commands(commands: Any, benches: Any) -> None:
     evaluation.add_argument("--json", action="store_true")
     evaluation.set_defaults(fn=cmd_eval)
 
-    bench = benches.add_parser("query", help="query latency on a synthetic store")
-    bench.add_argument("--facts", type=int, default=100_000)
-    bench.add_argument("--queries", type=int, default=1_000)
-    bench.add_argument("--dim", type=int, default=384)
-    bench.add_argument("--groups", type=int, default=10)
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--workdir", default=None, help="keep the synthetic store here")
-    bench.add_argument("--reuse", action="store_true",
-                       help="time the store an earlier run kept in --workdir (same sizes)")
-    bench.add_argument("--json", action="store_true")
-    bench.set_defaults(fn=cmd_bench_query)

@@ -178,15 +178,6 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from tkg.jobs.bench_communities import bench_communities, print_bench
-
-    figures = bench_communities(args.nodes, args.edges, community_size=args.community_size,
-                                p_in=args.p_in, seed=args.seed, trace=args.tracemalloc)
-    print(json.dumps(figures, default=str)) if args.json else print_bench(figures)
-    return 0
-
-
 def _refresh_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", required=True, help="store folder")
     parser.add_argument("--config", default=None,
@@ -196,22 +187,12 @@ def _refresh_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(fn=cmd_refresh)
 
 
-def add_commands(commands: Any, benches: Any) -> None:
-    """`tkg communities refresh` and `tkg bench communities`."""
+def add_commands(commands: Any) -> None:
+    """`tkg communities refresh`."""
     group = commands.add_parser("communities", help="community subgraph jobs")
     jobs = group.add_subparsers(dest="communities", required=True)
     _refresh_arguments(jobs.add_parser(
         "refresh", help="rerun label propagation for every group; publish a new snapshot"))
-    bench = benches.add_parser("communities", help="label propagation, planted partition")
-    bench.add_argument("--nodes", type=int, default=1_000_000, help="entities")
-    bench.add_argument("--edges", type=int, default=5_000_000, help="facts")
-    bench.add_argument("--community-size", type=int, default=50)
-    bench.add_argument("--p-in", type=float, default=0.8, help="share of facts inside")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--tracemalloc", action="store_true",
-                       help="also trace Python allocations (slower)")
-    bench.add_argument("--json", action="store_true")
-    bench.set_defaults(fn=cmd_bench)
 
 
 def main(argv: list[str] | None = None) -> int:

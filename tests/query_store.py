@@ -115,7 +115,7 @@ def synthetic_snapshot(root: Path, seed: int) -> tuple[dict[str, pa.Table], Any,
     """The benchmark's synthetic store (3,000 facts, 3 groups, 32-d), opened: its tables,
     topic centroids, snapshot and config. No vector index, so LanceDB searches exactly too
     (what the in-memory twins are compared with)."""
-    from tkg.jobs.bench_query import synth_tables, write_store
+    from tkg.jobs.bench.query import synth_tables, write_store
     from tkg.query.snapshot import open_snapshot
 
     config = QueryConfig(ann_min_rows=10**9)

@@ -1,5 +1,5 @@
 """A real S3-compatible server for the tests: moto's server mode on a loopback port, in a
-process of its own (tkg.jobs.bench.local_s3, the one `tkg bench build --s3-server` starts).
+process of its own (tkg.jobs.bench.build.local_s3, the one `tkg bench build --s3-server` starts).
 
 The tests reach it over HTTP exactly as a cluster reaches AWS S3 or MinIO: pyarrow's
 S3FileSystem, LanceDB's object store and DuckDB all get the endpoint from the config's
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from tkg.jobs.bench import TEST_CREDENTIALS, free_port, local_s3
+from tkg.jobs.bench.build import TEST_CREDENTIALS, free_port, local_s3
 
 __all__ = ["S3Server", "free_port", "s3_server", "use_test_credentials"]
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pyarrow as pa
-from tkg.jobs.bench_resolution import SyntheticVectors, pairwise_scores, synthetic_mentions
+from tkg.jobs.bench.resolution import SyntheticVectors, pairwise_scores, synthetic_mentions
 from tkg.pipeline import resolve
 from tkg.pipeline.adjudicate import NamePair, adjudicate
 from tkg.pipeline.config import ResolveConfig

@@ -15,16 +15,17 @@ def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
 
 
 def test_lazy_table_names_what_each_module_registers():
-    from tkg.jobs import cli
+    from tkg.jobs import bench, cli
 
     root = argparse.ArgumentParser()
     commands = root.add_subparsers()
     benches = commands.add_parser("bench").add_subparsers()
-    modules = {m for m, _ in [*cli.COMMANDS.values(), *cli.BENCHES.values()]}
-    for module in sorted(modules):
-        cli._register(module, commands, benches)
+    for module in sorted({m for m, _ in cli.COMMANDS.values()}):
+        cli._register(module, commands)
+    for module in sorted({m for m, _ in bench.BENCHES.values()}):
+        bench.register(module, benches)
     assert set(commands.choices) - {"bench"} == set(cli.COMMANDS)
-    assert set(benches.choices) == set(cli.BENCHES)
+    assert set(benches.choices) == set(bench.BENCHES)
 
 
 @pytest.mark.parametrize("argv", [["search", "--help"], ["bench", "query", "--help"],
@@ -46,3 +47,21 @@ def test_help_imports_no_jobs_module():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, check=True)
     assert done.stdout.strip() == "['tkg.jobs.cli']"
+
+
+def test_no_command_module_imports_a_benchmark():
+    """Benchmarks live in tkg.jobs.bench and register their own `tkg bench` subcommands: a
+    command module that imported one would load it (and its data generators) for nothing."""
+    import ast
+    from pathlib import Path
+
+    from tkg import jobs
+
+    offenders = []
+    for path in sorted(Path(jobs.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path.name} imports {name}" for name in names
+                          if name.startswith("tkg.jobs.bench.")]
+    assert offenders == []

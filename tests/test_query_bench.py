@@ -28,7 +28,7 @@ def test_bench_query_reports_latency_figures(tmp_path):
 
 
 def test_ivf_tables_answer_within_their_group(tmp_path):
-    from tkg.jobs.bench_query import SyntheticEmbedder, synth_tables, write_store
+    from tkg.jobs.bench.query import SyntheticEmbedder, synth_tables, write_store
 
     from tkg import query
 
@@ -53,7 +53,7 @@ def test_ivf_tables_answer_within_their_group(tmp_path):
 def test_exact_scan_in_memory_ranks_as_lancedb_does(tmp_path):
     """The in-memory exact scan returns what LanceDB's exact search returns, for every
     kind, group set and point in both timelines (it only saves the index call)."""
-    from tkg.jobs.bench_query import SyntheticEmbedder
+    from tkg.jobs.bench.query import SyntheticEmbedder
     from tkg.query import search
 
     from tests.query_store import synthetic_snapshot, twin_scopes

@@ -14,8 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tkg.jobs.bench_query import synth_tables, write_store
-from tkg.jobs.bench_serve import publish_copy
+from tkg.jobs.bench.query import synth_tables, write_store
+from tkg.jobs.bench.serve import publish_copy
 from tkg.pipeline import store
 from tkg.pipeline.config import EmbedConfig, QueryConfig, ServeConfig
 from tkg.pipeline.synthetic_embed import model_name, synthetic_embedder
@@ -352,7 +352,7 @@ def test_retrieval_processes_answer_count_and_switch(tmp_path):
     import time
 
     import httpx
-    from tkg.jobs.bench_serve import _serving, start_server
+    from tkg.jobs.bench.serve import _serving, start_server
 
     tables, _ = synth_tables(2_000, 32, 2, seed=5)
     write_store(tmp_path, tables, 32, QueryConfig(), seed=5)

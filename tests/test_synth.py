@@ -1,4 +1,4 @@
-"""Tests for the synthetic episode generator (jobs/synth.py)."""
+"""Tests for the synthetic episode generator (jobs/bench/synth.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from tkg.jobs.synth import generate_episodes, write_jsonl
+from tkg.jobs.bench.synth import generate_episodes, write_jsonl
 
 N = 6000
 GROUP_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")

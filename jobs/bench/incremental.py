@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tkg.jobs.figures import print_figures
-from tkg.jobs.synth import generate_episodes, write_jsonl
+from tkg.jobs.bench.figures import print_figures
+from tkg.jobs.bench.synth import generate_episodes, write_jsonl
 
 # Counted by the stages for every row they read from the previous snapshot.
 PREVIOUS_ROWS = "previous_rows_read"

@@ -11,6 +11,8 @@ and the index build time. Never gates on time.
 
 from __future__ import annotations
 
+import argparse
+import json
 import shutil
 import tempfile
 import time
@@ -21,7 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tkg.jobs.figures import print_figures
+from tkg.jobs.bench.figures import print_figures
 from tkg.pipeline import schema, store
 from tkg.pipeline.config import QueryConfig
 from tkg.pipeline.synthetic_embed import TOPICS, SyntheticEmbedder, model_name
@@ -242,3 +244,27 @@ def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 
 
 def print_bench(figures: dict[str, Any]) -> None:
     print_figures(f"tkg bench query: {figures['facts']:,} facts, {figures['dim']}-d", figures)
+
+
+def add_command(benches: argparse._SubParsersAction) -> None:
+    bench = benches.add_parser("query", help="query latency on a synthetic store")
+    bench.add_argument("--facts", type=int, default=100_000)
+    bench.add_argument("--queries", type=int, default=1_000)
+    bench.add_argument("--dim", type=int, default=384)
+    bench.add_argument("--groups", type=int, default=10)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--workdir", default=None, help="keep the synthetic store here")
+    bench.add_argument("--reuse", action="store_true",
+                       help="time the store an earlier run kept in --workdir (same sizes)")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(fn=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    figures = bench_query(args.facts, queries=args.queries, dim=args.dim, groups=args.groups,
+                          workdir=args.workdir, seed=args.seed, reuse=args.reuse)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print_bench(figures)
+    return 0

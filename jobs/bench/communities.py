@@ -10,6 +10,8 @@ same Arrow tables a snapshot holds, and the refresh runs the same functions as
 
 from __future__ import annotations
 
+import argparse
+import json
 import resource
 import sys
 import time
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tkg.jobs.figures import print_figures
+from tkg.jobs.bench.figures import print_figures
 
 SYLLABLES = ("ka", "lo", "mi", "ra", "ten", "vo", "sha", "dri", "an", "bel", "cor", "du",
              "el", "fin", "gar", "hul", "is", "jor", "kel", "lum", "mar", "nor", "ost", "pel")
@@ -151,3 +153,23 @@ def _peak_rss_gb() -> float:
 def print_bench(figures: dict[str, Any]) -> None:
     print_figures(f"tkg bench communities: {figures['nodes']:,} entities, "
                   f"{figures['edges']:,} facts", figures)
+
+
+def add_command(benches: argparse._SubParsersAction) -> None:
+    bench = benches.add_parser("communities", help="label propagation, planted partition")
+    bench.add_argument("--nodes", type=int, default=1_000_000, help="entities")
+    bench.add_argument("--edges", type=int, default=5_000_000, help="facts")
+    bench.add_argument("--community-size", type=int, default=50)
+    bench.add_argument("--p-in", type=float, default=0.8, help="share of facts inside")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--tracemalloc", action="store_true",
+                       help="also trace Python allocations (slower)")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(fn=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    figures = bench_communities(args.nodes, args.edges, community_size=args.community_size,
+                                p_in=args.p_in, seed=args.seed, trace=args.tracemalloc)
+    print(json.dumps(figures, default=str)) if args.json else print_bench(figures)
+    return 0

@@ -9,6 +9,8 @@ Imports stay inside the functions: the tests import `local_s3` before anything s
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import socket
 import subprocess
@@ -74,7 +76,7 @@ def bench_build(episodes: int, *, config_path: str | None = None, seed: int = 0,
     """Generate `episodes` records, build them, and return throughput and stage timings. With
     an object-store `store`: the figures of that build, under `local` those of the same input
     built into a local folder first, and `store_over_local`, the ratio of their wall times."""
-    from tkg.jobs.synth import generate_episodes, write_jsonl
+    from tkg.jobs.bench.synth import generate_episodes, write_jsonl
     from tkg.pipeline import storage
     from tkg.pipeline.build import init_ray
     from tkg.pipeline.config import load_config
@@ -164,3 +166,34 @@ def print_bench(figures: dict[str, Any]) -> None:
     if "store_over_local" in figures:
         table.add_row("wall, store / local", "", str(figures["store_over_local"]))
     Console().print(table)
+
+
+def add_command(benches: argparse._SubParsersAction) -> None:
+    bench = benches.add_parser("build", help="synthetic episodes, embedded default")
+    bench.add_argument("--episodes", type=int, default=20_000)
+    bench.add_argument("--groups", type=int, default=3)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--config", default=None)
+    bench.add_argument("--workdir", default=None, help="keep inputs and store here")
+    bench.add_argument(
+        "--store", default=None, help="build into this store; an s3:// URL also builds the "
+        "same input into a local folder first and prints both wall times and their ratio")
+    bench.add_argument("--s3-server", action="store_true",
+                       help="start moto's S3 server on 127.0.0.1 for --store s3://...")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(fn=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from tkg.jobs.build_output import terminal
+
+    # Under --json the one object is stdout's alone (Ray's raylet warnings go to stderr).
+    with terminal(None, args.json) as (out, _):
+        figures = bench_build(args.episodes, config_path=args.config, seed=args.seed,
+                              groups=args.groups, workdir=args.workdir, store=args.store,
+                              s3_server=args.s3_server)
+        if args.json:
+            print(json.dumps(figures, default=str), file=out)
+    if not args.json:
+        print_bench(figures)
+    return 0

@@ -13,6 +13,7 @@ errors; never gates on time.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tkg.jobs.figures import print_figures
+from tkg.jobs.bench.figures import print_figures
 from tkg.pipeline import store
 
 
@@ -182,7 +183,7 @@ def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: i
                 groups: int = 10, workdir: str | None = None, publish: bool = True,
                 queries: int = 2_000, seed: int = 0, processes: int | None = None
                 ) -> dict[str, Any]:
-    from tkg.jobs.bench_query import _workload, synth_tables, write_store
+    from tkg.jobs.bench.query import _workload, synth_tables, write_store
     from tkg.pipeline.config import QueryConfig, ServeConfig
 
     root = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="tkg-bench-serve-"))
@@ -215,7 +216,7 @@ def bench_serve(facts: int, seconds: float = 30.0, concurrency: int = 16, dim: i
 def _run(root: Path, url: str, workload: Path, seconds: float, concurrency: int,
          publish: bool, figures: dict[str, Any], keep: bool) -> dict[str, Any]:
     load = subprocess.Popen(
-        [sys.executable, "-m", "tkg.jobs.bench_serve", url, str(workload), str(seconds),
+        [sys.executable, "-m", "tkg.jobs.bench.serve", url, str(workload), str(seconds),
          str(concurrency)], stdout=subprocess.PIPE, text=True)
     publish_at = publish_s = switched_after = None
     assert load.stdout is not None
@@ -253,6 +254,33 @@ def print_bench(figures: dict[str, Any]) -> None:
     print_figures(f"tkg bench serve: {figures['facts']:,} facts, "
                   f"{figures['concurrency']} connections", figures)
 
+
+
+def add_command(benches: argparse._SubParsersAction) -> None:
+    bench = benches.add_parser("serve", help="HTTP load on a synthetic store, publish mid-run")
+    bench.add_argument("--facts", type=int, default=100_000)
+    bench.add_argument("--seconds", type=float, default=30.0)
+    bench.add_argument("--concurrency", type=int, default=16)
+    bench.add_argument("--dim", type=int, default=384)
+    bench.add_argument("--groups", type=int, default=10)
+    bench.add_argument("--workdir", default=None, help="keep the synthetic store here")
+    bench.add_argument("--processes", type=int, default=None,
+                       help="retrieval processes (default: one per CPU)")
+    bench.add_argument("--no-publish", action="store_true",
+                       help="do not publish a new snapshot during the run")
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(fn=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    figures = bench_serve(args.facts, seconds=args.seconds, concurrency=args.concurrency,
+                          dim=args.dim, groups=args.groups, workdir=args.workdir,
+                          publish=not args.no_publish, processes=args.processes)
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        print_bench(figures)
+    return 0
 
 if __name__ == "__main__":  # the load process: URL WORKLOAD SECONDS CONCURRENCY
     url, path, secs, conc = sys.argv[1:5]

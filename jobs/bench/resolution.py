@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from tkg.jobs.figures import print_figures
+from tkg.jobs.bench.figures import print_figures
 
 _FIRST_NAMES = (
     "James Mary Robert Patricia John Jennifer Michael Linda David Elizabeth William Barbara "
