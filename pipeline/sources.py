@@ -22,19 +22,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tkg.pipeline import schema, storage
 from tkg.pipeline.config import GROUP_ID_PATTERN, LimitsConfig, StorageConfig
+from tkg.pipeline.episode_kinds import (
+    DEFAULT_KIND,
+    MAX_ID_CHARS,
+    RecordError,
+    context_line,
+    episode_kind,
+    text_field,
+)
 
 JSONL_SUFFIXES = {".jsonl", ".ndjson"}
 PARQUET_SUFFIXES = {".parquet", ".pq"}
-KINDS = ("message", "text", "json")
-MAX_ID_CHARS = 512
 
 
 class InputError(ValueError):
     """A problem with the inputs as a whole (nothing to read), as opposed to one bad record."""
-
-
-class RecordError(ValueError):
-    """Why one record cannot become an episode; the message is the reject reason."""
 
 
 @dataclass
@@ -132,36 +134,6 @@ def parse_timestamp(value: Any) -> tuple[datetime, bool]:
     return parsed.astimezone(UTC), False
 
 
-def _text(record: dict, key: str, *, required: bool, limit: int) -> str | None:
-    value = record.get(key)
-    if value is None or value == "":
-        if required:
-            raise RecordError(f"missing field {key!r}")
-        return None
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise RecordError(f"field {key!r} must be a string, got {type(value).__name__}")
-    value = str(value)
-    if len(value) > limit:
-        raise RecordError(f"field {key!r} is {len(value)} characters, over the limit of {limit}")
-    return value
-
-
-def _depth(value: Any, limit: int) -> int:
-    """Nesting depth of a JSON value, stopping at `limit` + 1."""
-    stack = [(value, 1)]
-    deepest = 0
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if deepest > limit:
-            return deepest
-        if isinstance(node, dict):
-            stack.extend((v, depth + 1) for v in node.values())
-        elif isinstance(node, list):
-            stack.extend((v, depth + 1) for v in node)
-    return deepest
-
-
 def to_episode(record: Any, limits: LimitsConfig) -> tuple[dict, bool]:
     """Validate one input record and map it to an episode row (without run columns)."""
     if not isinstance(record, dict):
@@ -171,43 +143,18 @@ def to_episode(record: Any, limits: LimitsConfig) -> tuple[dict, bool]:
         raise RecordError(
             f"invalid group_id {str(group_id)[:64]!r}: must match [A-Za-z0-9_-]{{1,128}}"
         )
-    source_id = _text(record, "id", required=True, limit=MAX_ID_CHARS)
-    kind = record.get("kind") or "message"
-    if kind not in KINDS:
-        raise RecordError(f"unknown kind {str(kind)[:32]!r}: expected one of {', '.join(KINDS)}")
+    source_id = text_field(record, "id", required=True, limit=MAX_ID_CHARS)
+    kind = episode_kind(record.get("kind") or DEFAULT_KIND)
     valid_at, missing_zone = parse_timestamp(record.get("timestamp"))
-    cap = limits.max_content_chars
     row: dict[str, Any] = {
         "group_id": group_id,
         "source_id": source_id,
-        "kind": kind,
+        "kind": kind.name,
         "valid_at": valid_at,
-        "source_description": _text(record, "source_description", required=False, limit=cap),
+        "source_description": text_field(record, "source_description", required=False,
+                                         limit=limits.max_content_chars),
+        **kind.read(record, limits),
     }
-    if kind == "message":
-        row["conversation_id"] = _text(record, "conversation_id", required=True, limit=cap)
-        row["speaker"] = _text(record, "speaker", required=True, limit=cap)
-        row["role"] = _text(record, "role", required=False, limit=MAX_ID_CHARS)
-        row["content"] = _text(record, "content", required=True, limit=cap)
-    elif kind == "text":
-        row["title"] = _text(record, "title", required=False, limit=cap)
-        row["content"] = _text(record, "content", required=True, limit=cap)
-    else:
-        row["source"] = _text(record, "source", required=True, limit=MAX_ID_CHARS)
-        data = record.get("data")
-        if isinstance(data, str):  # Parquet carries the object as a JSON string
-            try:
-                data = json.loads(data)
-            except (ValueError, RecursionError) as exc:
-                raise RecordError(f"field 'data' is not valid JSON: {exc}") from exc
-        if not isinstance(data, dict):
-            raise RecordError("field 'data' must be a JSON object")
-        if _depth(data, limits.max_json_depth) > limits.max_json_depth:
-            raise RecordError(f"field 'data' is nested deeper than {limits.max_json_depth}")
-        content = json.dumps(data, ensure_ascii=False, sort_keys=True)
-        if len(content) > cap:
-            raise RecordError(f"field 'data' is {len(content)} characters, over {cap}")
-        row["content"] = content
     row["episode_id"] = schema.stable_id(group_id, source_id)
     fingerprint = json.dumps(
         [row.get(k) for k in ("kind", "conversation_id", "speaker", "role", "title", "source",
@@ -397,16 +344,17 @@ def window_conversation(records: list[dict], context_messages: int, *, run_id: s
     ordered = sorted(kept.values(), key=lambda r: (r["valid_at"], r["source_id"]))
     history: list[str] = []
     for record in ordered:
-        if record["kind"] == "message" and context_messages:
+        if episode_kind(record["kind"]).windowed and context_messages:
             record["context"] = history[-context_messages:]
-            history.append(f"{record['speaker']}: {record['content']}")
+            history.append(context_line(record))
         else:
             record["context"] = []
     return ordered, rejects
 
 
 def window_key(group_id: str, kind: str, conversation_id: str | None, episode_id: str) -> str:
-    """Messages are windowed per conversation; other episodes only deduplicated by id."""
-    if kind == "message":
+    """Turns of a windowed kind (messages) are windowed per conversation; other episodes
+    only deduplicated by id."""
+    if episode_kind(kind).windowed:
         return f"{group_id}\x1fc\x1f{conversation_id}"
     return f"{group_id}\x1fe\x1f{episode_id}"

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
+from tkg.pipeline import episode_kinds
 
 WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 MIN_NAME_CHARS = 3  # shorter names ("AI", "Jo") match too many words by accident
@@ -139,9 +140,7 @@ def name_index(snap: object) -> NameIndex:
     index = build_index(
         entities["name"].to_pylist(), entities["labels"].to_pylist(),
         snap.group_codes["entities"], aliases,  # type: ignore[attr-defined]
-        episodes["speaker"].to_pylist() if "speaker" in episodes.column_names
-        else [None] * episodes.num_rows,
-        snap.group_codes["episodes"])  # type: ignore[attr-defined]
+        episode_kinds.speakers(episodes), snap.group_codes["episodes"])  # type: ignore[attr-defined]
     with _LOCK:
         if len(_INDEXES) > 8:  # snapshots replaced by newer ones
             _INDEXES.clear()

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
 class EpisodeInput:
     episode_id: str
     group_id: str
-    kind: str  # message | text | json
+    kind: str  # a name in pipeline/episode_kinds.py
     content: str
     valid_at: datetime  # t_ref
     source_id: str = ""
@@ -20,6 +21,25 @@ class EpisodeInput:
     title: str | None = None
     source: str | None = None
     context: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> EpisodeInput:
+        """An episode row (EPISODE_COLUMNS; `valid_at` may be ISO text, a naive time is
+        UTC) as an extractor's input."""
+        valid_at = row["valid_at"]
+        if isinstance(valid_at, str):
+            valid_at = datetime.fromisoformat(valid_at)
+        if valid_at.tzinfo is None:
+            valid_at = valid_at.replace(tzinfo=UTC)
+        return cls(
+            episode_id=row["episode_id"], group_id=row["group_id"], kind=row["kind"],
+            content=row["content"] or "", valid_at=valid_at, source_id=row.get("source_id") or "",
+            speaker=row.get("speaker"), title=row.get("title"), source=row.get("source"),
+            context=tuple(row.get("context") or ()),
+        )
+
+
+EPISODE_COLUMNS = tuple(f.name for f in fields(EpisodeInput))  # what an extractor reads
 
 
 @dataclass
@@ -62,6 +82,15 @@ class Extractor(Protocol):
     """Turns a batch of episodes into entities and facts; backends differ only here."""
 
     def extract(self, episodes: list[EpisodeInput]) -> list[Extraction]: ...
+
+
+def guarded(extract: Callable[..., Extraction], *args: object) -> Extraction:
+    """`extract(*args)`, or, when it fails, an empty extraction with the error: one odd
+    episode never fails its batch."""
+    try:
+        return extract(*args)
+    except Exception as exc:
+        return Extraction(error=f"extraction failed: {type(exc).__name__}: {exc}")
 
 
 def relation_name(*words: str) -> str:

@@ -1,7 +1,7 @@
 """The LLM extractor: one structured-output call per text or message episode (plus an
 optional reflexion pass), returning the same Extraction as the spaCy extractor, with fact
-dates resolved to UTC, so every later stage is unchanged. JSON records keep the shared
-record mapping (`records.py`): it is exact and costs no call.
+dates resolved to UTC, so every later stage is unchanged. Kinds with a fixed mapping (JSON
+records: `records.py`) keep it: it is exact and costs no call.
 
 An answer that cannot be used is asked again once with the error; after that the episode
 keeps no extraction, and its error and raw answer go to `rejects` (stage `extract`).
@@ -10,8 +10,8 @@ keeps no extraction, and its error and raw answer go to `rejects` (stage `extrac
 from __future__ import annotations
 
 from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.episode_kinds import mapped_extractions
 from tkg.pipeline.extract.base import EpisodeInput, Extraction
-from tkg.pipeline.extract.records import extract_record
 from tkg.pipeline.llm import LLMS, build_llm
 from tkg.pipeline.llm.calls import complete_parsed
 from tkg.pipeline.llm.parse import parse_extraction
@@ -26,13 +26,7 @@ class LlmExtractor:
         self.llm = llm if llm is not None else build_llm(config.llm)
 
     def extract(self, episodes: list[EpisodeInput]) -> list[Extraction]:
-        results: list[Extraction | None] = [None] * len(episodes)
-        texts: list[int] = []
-        for index, episode in enumerate(episodes):
-            if episode.kind == "json":
-                results[index] = _guarded_record(episode, self.config.extract.max_json_depth)
-            else:
-                texts.append(index)
+        results, texts = mapped_extractions(episodes, self.config.extract.max_json_depth)
         context = self.config.extract.context_messages
         requests = [extraction_request(episodes[i], context, self.config.facts) for i in texts]
         outcomes = complete_parsed(
@@ -71,13 +65,6 @@ class LlmExtractor:
             known = {(f.source, f.target, f.relation) for f in found.facts}
             found.facts += [f for f in outcome.value.facts
                             if (f.source, f.target, f.relation) not in known]
-
-
-def _guarded_record(episode: EpisodeInput, max_depth: int) -> Extraction:
-    try:
-        return extract_record(episode, max_depth)
-    except Exception as exc:
-        return Extraction(error=f"extraction failed: {type(exc).__name__}: {exc}")
 
 
 def dataset_extractor(config: TkgConfig):

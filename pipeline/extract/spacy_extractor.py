@@ -5,7 +5,7 @@ part in a relation or hold a proper noun) are entities; each verb with a subject
 object gives a fact whose relation is the verb lemma plus its preposition
 (`works at` -> WORK_AT), whose text is the clause, and whose dates are the DATE spans inside
 that clause, resolved against the episode's time. First-person pronouns are the speaker.
-JSON records go through the shared record mapping instead (`records.py`).
+Kinds with a fixed mapping (JSON records: `records.py`) go through it instead.
 """
 
 from __future__ import annotations
@@ -16,9 +16,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from tkg.pipeline.config import TkgConfig
-from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
+from tkg.pipeline.episode_kinds import mapped_extractions, speaker_of
+from tkg.pipeline.extract.base import (
+    EpisodeInput,
+    ExtractedFact,
+    Extraction,
+    guarded,
+    relation_name,
+)
 from tkg.pipeline.extract.dates import marks_end, resolve_date
-from tkg.pipeline.extract.records import extract_record
 from tkg.pipeline.facts import RelationClassifier, relation_class
 
 if TYPE_CHECKING:  # spaCy itself is imported by `load_spacy`
@@ -101,31 +107,17 @@ class SpacyExtractor:
         return self._embedder.embed(texts)
 
     def extract(self, episodes: list[EpisodeInput]) -> list[Extraction]:
-        results: list[Extraction | None] = [None] * len(episodes)
-        texts: list[tuple[str, int]] = []
-        for index, episode in enumerate(episodes):
-            if episode.kind == "json":
-                results[index] = self._guard(extract_record, episode,
-                                             self.config.extract.max_json_depth)
-            else:
-                texts.append((episode.content, index))
+        results, model = mapped_extractions(episodes, self.config.extract.max_json_depth)
+        texts = [(episodes[index].content, index) for index in model]
         for doc, index in self.nlp.pipe(texts, as_tuples=True, batch_size=64):
-            results[index] = self._guard(self._from_doc, doc, episodes[index])
+            results[index] = guarded(self._from_doc, doc, episodes[index])
         return [r if r is not None else Extraction() for r in results]
-
-    @staticmethod
-    def _guard(fn, *args) -> Extraction:
-        """One odd episode never fails the batch: it is kept with no extraction."""
-        try:
-            return fn(*args)
-        except Exception as exc:
-            return Extraction(error=f"extraction failed: {type(exc).__name__}: {exc}")
 
     # --- text and messages ------------------------------------------------------------
 
     def _from_doc(self, doc: Doc, episode: EpisodeInput) -> Extraction:
         out = Extraction()
-        speaker = (episode.speaker or "").strip() or None
+        speaker = speaker_of(episode)
         if speaker:
             out.add_entity(speaker, "Person")
         spans = self._entity_spans(doc)

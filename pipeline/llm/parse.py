@@ -10,6 +10,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+from tkg.pipeline.episode_kinds import speaker_of
 from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
 from tkg.pipeline.extract.dates import resolve_date
 
@@ -163,7 +164,7 @@ def extraction_from(data: dict[str, Any], episode: EpisodeInput) -> Extraction:
     if not any(KEY_ALIASES.get(k, k) in ("entities", "facts") for k in data):
         raise ParseError('the object has neither "entities" nor "facts"')
     out = Extraction()
-    speaker = (episode.speaker or "").strip() if episode.kind == "message" else ""
+    speaker = speaker_of(episode)
     if speaker:
         out.add_entity(speaker, "Person")
     for item in _items(data, "entities"):

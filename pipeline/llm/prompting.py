@@ -16,6 +16,7 @@ from string import Template
 
 import yaml
 from tkg.pipeline.config import FactsConfig
+from tkg.pipeline.episode_kinds import prompt_header
 from tkg.pipeline.extract.base import EpisodeInput, Extraction
 from tkg.pipeline.llm.base import ChatRequest
 from tkg.pipeline.llm.schemas import EXTRACTION_SCHEMA
@@ -71,18 +72,11 @@ def relation_guide(facts: FactsConfig) -> str:
 
 
 def _episode_values(episode: EpisodeInput, context_messages: int) -> dict[str, str]:
-    header = ""
-    if episode.kind == "message" and episode.speaker:
-        header = f"\nSpeaker: {episode.speaker}"
-    elif episode.kind == "text" and episode.title:
-        header = f"\nTitle: {episode.title}"
-    elif episode.kind == "json" and episode.source:
-        header = f"\nSource: {episode.source}"
     context = list(episode.context)[-context_messages:] if context_messages else []
     return {
         "reference_time": episode.valid_at.astimezone(UTC).isoformat().replace("+00:00", "Z"),
         "kind": episode.kind,
-        "header": header,
+        "header": prompt_header(episode),
         "context": "\n".join(f"- {line}" for line in context) or "(none)",
         "content": episode.content,
     }

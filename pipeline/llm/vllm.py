@@ -24,14 +24,11 @@ from typing import Any
 import pyarrow as pa
 from tkg.pipeline import schema
 from tkg.pipeline.config import LlmConfig, TkgConfig
-from tkg.pipeline.extract.base import EpisodeInput, Extraction
-from tkg.pipeline.extract.records import extract_record
+from tkg.pipeline.episode_kinds import episode_kind, mapped_extractions
+from tkg.pipeline.extract.base import EPISODE_COLUMNS, EpisodeInput, Extraction
 from tkg.pipeline.llm.base import ChatRequest, Completion, Usage
 from tkg.pipeline.llm.parse import ParseError, parse_extraction
 from tkg.pipeline.llm.prompting import extraction_request, retry_request
-
-EPISODE_COLUMNS = ("episode_id", "group_id", "kind", "content", "valid_at", "source_id",
-                   "speaker", "title", "source", "context")
 
 
 def processor_config(config: LlmConfig):
@@ -68,24 +65,10 @@ def sampling_params(config: LlmConfig, json_schema: dict | None) -> dict[str, An
     return params
 
 
-def episode_of(row: dict[str, Any]) -> EpisodeInput:
-    valid_at = row["valid_at"]
-    if isinstance(valid_at, str):
-        valid_at = datetime.fromisoformat(valid_at)
-    if valid_at.tzinfo is None:
-        valid_at = valid_at.replace(tzinfo=UTC)
-    return EpisodeInput(
-        episode_id=row["episode_id"], group_id=row["group_id"], kind=row["kind"],
-        content=row["content"] or "", valid_at=valid_at, source_id=row.get("source_id") or "",
-        speaker=row.get("speaker"), title=row.get("title"), source=row.get("source"),
-        context=tuple(row.get("context") or ()),
-    )
-
-
 def preprocess_row(row: dict[str, Any], config: TkgConfig) -> dict[str, Any]:
     """Episode row -> chat messages and sampling params; a row with `retry_error` asks again
     with its previous answer and the error (the one retry)."""
-    request = extraction_request(episode_of(row), config.extract.context_messages,
+    request = extraction_request(EpisodeInput.of(row), config.extract.context_messages,
                                  config.facts)
     if row.get("retry_error"):
         request = retry_request(request, row.get("raw_output"), row["retry_error"])
@@ -118,7 +101,7 @@ def postprocess_row(row: dict[str, Any]) -> dict[str, Any]:
         llm_retries=0,
     )
     try:
-        found, _ = parse_extraction(text, episode_of(row))
+        found, _ = parse_extraction(text, EpisodeInput.of(row))
         out["entities_json"], out["facts_json"] = _extraction_json(found)
         out["error"] = out["retry_error"] = None
     except ParseError as exc:
@@ -150,20 +133,23 @@ def to_extractions(batch: pa.Table) -> pa.Table:
     return schema.from_rows(rows, schema.EXTRACTIONS)
 
 
-def record_extractions(batch: pa.Table, max_depth: int) -> pa.Table:
-    """JSON records keep the shared record mapping: exact, and no call."""
+def mapped_rows(batch: pa.Table, max_depth: int) -> pa.Table:
+    """Kinds with a fixed mapping (JSON records) keep it: exact, and no call."""
+    episodes = batch.select(list(EPISODE_COLUMNS)).to_pylist()
+    found_all, _ = mapped_extractions([EpisodeInput.of(row) for row in episodes], max_depth)
     rows = []
-    for row in batch.select(list(EPISODE_COLUMNS)).to_pylist():
-        try:
-            found = extract_record(episode_of(row), max_depth)
-        except Exception as exc:
-            found = Extraction(error=f"extraction failed: {type(exc).__name__}: {exc}")
+    for row, found in zip(episodes, found_all, strict=True):
         rows.append({"episode_id": row["episode_id"], "group_id": row["group_id"],
                      "valid_at": row["valid_at"], "entities": [vars(e) for e in found.entities],
                      "facts": [vars(f) for f in found.facts], "error": found.error,
                      **dict.fromkeys(("llm_calls", "llm_prompt_tokens", "llm_completion_tokens",
                                       "llm_retries"), 0)})
     return schema.from_rows(rows, schema.EXTRACTIONS)
+
+
+def _by_model(row: dict[str, Any]) -> bool:
+    """Whether the row's kind goes through the engine (it has no fixed mapping)."""
+    return episode_kind(row["kind"]).mapping is None
 
 
 def build_extract_processor(config: TkgConfig):
@@ -177,14 +163,13 @@ def build_extract_processor(config: TkgConfig):
 
 
 def vllm_extract(episodes, config: TkgConfig, processor: Callable | None = None):
-    """Episodes dataset -> extractions dataset: records mapped, texts through the engine,
-    failed answers through it once more with the error."""
+    """Episodes dataset -> extractions dataset: kinds with a fixed mapping (records) mapped,
+    the others through the engine, failed answers through it once more with the error."""
     processor = processor or build_extract_processor(config)
     depth = config.extract.max_json_depth
-    records = episodes.filter(lambda r: r["kind"] == "json").map_batches(
-        record_extractions, batch_format="pyarrow", fn_args=(depth,))
-    texts = episodes.filter(lambda r: r["kind"] != "json").select_columns(
-        list(EPISODE_COLUMNS))
+    records = episodes.filter(lambda r: not _by_model(r)).map_batches(
+        mapped_rows, batch_format="pyarrow", fn_args=(depth,))
+    texts = episodes.filter(_by_model).select_columns(list(EPISODE_COLUMNS))
     first = processor(texts).materialize()
     ok = first.filter(lambda r: not r.get("retry_error"))
     again = processor(first.filter(lambda r: bool(r.get("retry_error"))))
