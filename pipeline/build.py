@@ -34,22 +34,25 @@ from tkg.pipeline import (
 from tkg.pipeline.config import StorageConfig, TkgConfig
 from tkg.pipeline.embed import embedding_dim
 from tkg.pipeline.llm.usage import llm_summary
-from tkg.pipeline.stages import INTERNAL_EXTRACTIONS, INTERNAL_PAIRS, STAGES, RunContext, Stage
+from tkg.pipeline.stages import PUBLISHES, STAGES, Publish, RunContext, Stage
 from tkg.pipeline.storage import Location
 
 log = logging.getLogger("tkg.build")
-# Work tables -> the published table they become.
-PUBLISH = {
-    "episodes_embedded": "episodes",
-    "entities": "entities",
-    "entity_aliases": "entity_aliases",
-    "mentions": "mentions",
-    "facts_versioned": "facts",
-    "communities": "communities",
-    "community_members": "community_members",
-}
-CARRIED = ("episodes", INTERNAL_EXTRACTIONS)  # tables that grow: earlier rows are kept
-REJECT_OUTPUTS = ("read_rejects", "window_rejects", "extract_rejects")
+REJECTS = "rejects"  # one table of every stage's rejects, the earlier snapshots' included
+
+
+def _catalog_first(publish: Publish) -> int:
+    """The catalog's tables in their order, then the internal ones."""
+    return list(schema.PUBLISHED).index(publish.table) if (
+        publish.table in schema.PUBLISHED) else len(schema.PUBLISHED)
+
+
+# What a run publishes, from the stages' declarations: work table -> published table, the
+# tables that grow (earlier rows kept by reference), the reject outputs.
+PUBLISH = {p.output: p.table for p in sorted(PUBLISHES, key=_catalog_first)
+           if p.table != REJECTS}
+CARRIED = tuple(p.table for p in sorted(PUBLISHES, key=_catalog_first) if p.grows)
+REJECT_OUTPUTS = tuple(p.output for p in PUBLISHES if p.table == REJECTS)
 
 
 @dataclass
@@ -112,7 +115,7 @@ def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Location]) -> dict
     inputs = {name: outputs.read([done[name]], driver_bytes) for name in stage.inputs}
     inputs = faults.worker_inputs(stage.name, inputs, ctx.work_dir)
     faults.hit("stage_error", stage.name)
-    results = stage.run(ctx, inputs)
+    results = stage.compute(ctx, inputs)
     targets = {name: storage.join(ctx.work_dir, stage.name, name) for name in stage.outputs}
     rows = {name: outputs.write(results[name], targets[name],
                                 schema.WORK_TABLES[name](ctx.dim)) for name in stage.outputs}
@@ -173,17 +176,15 @@ def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
             started_at: datetime) -> BuildResult:
     """Publish the run's outputs as a snapshot (`store.publish`), CURRENT switched last."""
     out = ctx.outputs
-    tables = {table: _writer(out[work], schema.PUBLISHED[table](ctx.dim))
+    tables = {table: _writer(out[work], _published_schema(work, table, ctx.dim))
               for work, table in PUBLISH.items()}
-    tables[INTERNAL_EXTRACTIONS] = _writer(out["extractions"], schema.EXTRACTIONS)
-    tables[INTERNAL_PAIRS] = _writer(out["resolution_pairs"], schema.RESOLUTION_PAIRS)
     rejects = {name: store.read_table(storage.join(out[name], ".."), storage.name(out[name]),
                                       schema.REJECTS) for name in REJECT_OUTPUTS}
     every_reject = pa.concat_tables([
         *rejects.values(),
         store.read_table(ctx.previous, "rejects", schema.REJECTS) if ctx.previous
         else schema.REJECTS.empty_table()])
-    tables["rejects"] = lambda target: store.write_table(every_reject, target, schema.REJECTS)
+    tables[REJECTS] = lambda target: store.write_table(every_reject, target, schema.REJECTS)
 
     def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
         summary = _summary(ctx, store_dir, done, rejects, seconds)
@@ -200,6 +201,12 @@ def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
                              query=ctx.config.query, describe=describe, grown=CARRIED)
     return BuildResult(summary=manifest["summary"],
                        snapshot=store.snapshot_dir(store_dir, ctx.run_id))
+
+
+def _published_schema(work: str, table: str, dim: int) -> pa.Schema:
+    """A catalog table's schema; an internal table (earlier extractions, resolution pairs)
+    keeps its work table's."""
+    return (schema.PUBLISHED[table] if table in schema.PUBLISHED else schema.WORK_TABLES[work])(dim)
 
 
 def _summary(ctx: RunContext, store_dir: Location, done: store.Published,

@@ -86,7 +86,7 @@ def run_in_chunks(ctx: RunContext, stage: Stage, key: str, chunk_rows: int,
         faults.hit(f"{stage.name}_batch", str(index))
         before = dict(ctx.counters)
         part = engine.map(ctx, keyed, _only(index))
-        results = stage.run(ctx, {**inputs, source: part})
+        results = stage.compute(ctx, {**inputs, source: part})
         rows = {name: outputs.write(results[name], storage.join(chunk_dir, name),
                                     schema.WORK_TABLES[name](ctx.dim)) for name in stage.outputs}
         outputs.mark_finished(chunk_dir, {"rows": rows, "counters": ctx.counted_since(before)})
@@ -104,4 +104,4 @@ def resumable(stage: Stage, chunk_rows: Callable[[TkgConfig], int],
     def run(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
         return run_in_chunks(ctx, stage, key, chunk_rows(ctx.config), inputs)
 
-    return dataclasses.replace(stage, run=run)
+    return dataclasses.replace(stage, run=run, update=None)

@@ -1,0 +1,42 @@
+"""communities: label propagation per group; an incremental run extends the previous
+snapshot's communities (`communities.refresh: always` reruns it)."""
+
+from __future__ import annotations
+
+import pyarrow.compute as pc
+from ray.data import Dataset
+from tkg.pipeline import communities, engine
+from tkg.pipeline.context import Publish, RunContext, Stage
+from tkg.pipeline.llm.usage import take_usage
+from tkg.pipeline.stages.common import embed_column, previous_table
+
+
+def communities_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Label propagation per group (shuffled by group, one call per block). Incremental runs
+    extend the previous snapshot's communities (communities.refresh: "always" reruns it)."""
+    config = ctx.config.communities
+    parts = [engine.map(ctx, inputs[name], communities.input_rows, kind)
+             for name, kind in (("entities_embedded", "entity"), ("facts_versioned", "fact"),
+                                ("mentions", "mention"))]
+    mode = "extend" if ctx.previous is not None and config.refresh == "extend" else "refresh"
+    for table, kind in (("communities", "community"), ("community_members", "member")):
+        stored = previous_table(ctx, table)
+        if stored is not None:  # a refresh matches ids against them
+            parts.append(engine.map(ctx, stored, communities.input_rows, kind))
+    rows = engine.shuffle(ctx, engine.union(ctx, *parts), ["group_id"],
+                          communities.community_block, ctx.config, ctx.created_at, mode
+                          ).materialize()
+    rows = take_usage(ctx, rows, "communities").materialize()  # an LLM summarizer's calls
+    found = rows.count()
+    ctx.count("communities_extended",
+              engine.total(rows, lambda block: int(pc.sum(block["placed"]).as_py() or 0)))
+    named = embed_column(ctx, rows, "name", "name_embedding") if found else rows
+    return {"community_rows": rows, "communities": named,
+            "community_members": engine.map(ctx, rows, communities.member_rows)}
+
+
+STAGE = Stage("communities", ("entities_embedded", "facts_versioned", "mentions"),
+              ("community_rows", "communities", "community_members"), communities_stage,
+              state=("communities", "community_members"),
+              publishes=(Publish("communities", "communities"),
+                         Publish("community_members", "community_members")))

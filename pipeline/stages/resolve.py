@@ -1,0 +1,144 @@
+"""resolve: blocking keys -> pair decisions (-> adjudicator) -> connected components -> entities.
+An update decides only the blocks tonight's names fall in and keeps the stored pairs of the
+others."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from ray.data import Dataset
+from tkg.pipeline import adjudicate, engine, resolve, runner, store
+from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.context import Publish, RunContext, Stage
+from tkg.pipeline.llm.usage import take_usage, usage_snapshot, with_usage
+from tkg.pipeline.stages.common import (
+    INTERNAL_PAIRS,
+    in_set,
+    join_alias_map,
+    name_keys,
+    previous_table,
+)
+
+
+class AdjudicateBatch:
+    """Ray Data UDF: the configured judge (built once per actor) decides undecided pairs."""
+
+    def __init__(self, config: TkgConfig) -> None:
+        self.judge = adjudicate.build_judge(config)
+        self.batch_size = config.resolve.adjudicate_batch
+
+    def __call__(self, pairs: pa.Table) -> pa.Table:
+        before = usage_snapshot(self.judge)
+        judged = adjudicate.adjudicate(pairs, self.judge, self.batch_size)[0]
+        return with_usage(judged, before, usage_snapshot(self.judge))  # counted by the stage
+
+
+def _undecided(pairs: Dataset) -> int:
+    return engine.total(pairs, lambda block: int(pc.sum(pc.invert(block["merge"])).as_py() or 0))
+
+
+def _candidates(ctx: RunContext, keyed: Dataset) -> Dataset:
+    """Pair decisions of the blocks in `keyed` (shuffled by block)."""
+    return engine.shuffle(ctx, keyed, ["group_id", "key"], resolve.candidate_pairs,
+                          ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
+                          ).materialize()
+
+
+def _adjudicated(ctx: RunContext, pairs: Dataset) -> Dataset:
+    """`pairs` with the undecided ones put to the configured adjudicator (if any)."""
+    undecided = _undecided(pairs)
+    ctx.count("ambiguous_pairs", undecided)
+    if undecided and ctx.config.resolve.adjudicator != "none":
+        pairs = runner.over_rows(ctx, pairs, runner.Model(
+            AdjudicateBatch, (ctx.config,), actors=1, fixed_pool=True))
+        pairs = take_usage(ctx, pairs, "resolve").materialize()  # LLM judges' calls, tokens
+        ctx.count("adjudicated_pairs", undecided - _undecided(pairs))
+    return pairs
+
+
+KEY_COLUMNS = ["group_id", "normalized", "key"]
+
+
+def _stored_pairs(ctx: RunContext) -> Dataset | None:
+    """The previous snapshot's resolution pairs when it decided them under this run's
+    `resolve` settings; after a change of thresholds, keys or adjudicator every block is
+    decided again."""
+    if ctx.previous is None:
+        return None
+    decided_under = (store.read_manifest(ctx.previous).get("config") or {}).get("resolve")
+    if decided_under != json.loads(json.dumps(ctx.config.resolve.model_dump(mode="json"))):
+        return None
+    return previous_table(ctx, INTERNAL_PAIRS)
+
+
+def _pairs_against_stored(ctx: RunContext, keyed: Dataset, stored: Dataset,
+                          new: Dataset) -> Dataset:
+    """The pairs of a later run: the stored ones no name of tonight can alter, and the
+    blocks tonight's names fall in decided again (`resolve.blocks_to_recompute`); only
+    pairs with a name of tonight go to the adjudicator. The store's block keys come to the
+    driver as three string columns; the pairs are a few per name."""
+    changed = engine.gather(ctx, engine.map(ctx, new, resolve.mention_rows),
+                            ["group_id", "normalized"], what="tonight's names")
+    before = engine.gather(ctx, stored, table_schema=resolve.PAIRS, what="stored pairs")
+    kept, blocks = resolve.blocks_to_recompute(
+        before, engine.gather(ctx, keyed, KEY_COLUMNS, what="blocking keys"), changed)
+    ctx.count("resolve_blocks_recomputed", blocks.num_rows)
+    chosen = set(name_keys(blocks["group_id"], blocks["key"]).to_pylist())
+    fresh = _candidates(ctx, engine.map(ctx, keyed, in_set("key", chosen, group_column="group_id")
+                                    ).materialize())
+    repeated, tonight = resolve.known_pairs(
+        engine.gather(ctx, fresh, table_schema=resolve.PAIRS, what="pairs decided again"),
+        before, changed)
+    decided = engine.gather(ctx, _adjudicated(ctx, engine.as_dataset(tonight)),
+                            table_schema=resolve.PAIRS, what="adjudicated pairs")
+    return engine.as_dataset(resolve.distinct_pairs(pa.concat_tables([kept, repeated, decided])))
+
+
+def _resolved(ctx: RunContext, inputs: dict[str, Dataset],
+              decide: Callable[[Dataset], Dataset]) -> dict[str, Dataset]:
+    """Blocking keys, the pairs `decide` makes of them, connected components and entities,
+    each a shuffle keyed by group."""
+    nodes = inputs["name_vectors"]
+    keyed = engine.map(ctx, nodes, resolve.blocking_keys, ctx.config.resolve).materialize()
+    pairs = decide(keyed)
+    every_node = engine.map(ctx, nodes, resolve.node_pairs)
+    alias_map = engine.shuffle(ctx, engine.union(ctx, pairs, every_node), ["group_id"],
+                               resolve.cluster).materialize()
+    with_entity = join_alias_map(inputs["entity_mentions"], alias_map, ctx, "normalized")
+    by_entity = engine.partition(ctx, with_entity, ["group_id", "entity_id"])  # 2 uses
+    entities = engine.map(ctx, by_entity, resolve.resolve_entities, ctx.created_at,
+                          batch_size=None).materialize()
+    return {
+        "resolution_pairs": pairs,
+        "alias_map": alias_map,
+        "resolved_entities": entities,
+        "entity_aliases": engine.map(ctx, entities, resolve.alias_rows),
+        "mentions": engine.map(ctx, by_entity, resolve.episode_mentions, batch_size=None),
+    }
+
+
+def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Every block decided (the adjudicator asked about what the rules leave open)."""
+    return _resolved(ctx, inputs, lambda keyed: _adjudicated(ctx, _candidates(ctx, keyed)))
+
+
+def resolve_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """The stored pairs kept where no name of tonight can alter them
+    (`_pairs_against_stored`); all decided again when they were decided under other
+    settings."""
+    stored = _stored_pairs(ctx)
+    if stored is None:
+        return resolve_stage(ctx, inputs)
+    return _resolved(ctx, inputs, lambda keyed: _pairs_against_stored(
+        ctx, keyed, stored, inputs["extractions"]))
+
+
+STAGE = Stage("resolve", ("name_vectors", "extractions", "entity_mentions"),
+              ("resolution_pairs", "alias_map", "resolved_entities", "entity_aliases",
+               "mentions"), resolve_stage, update=resolve_update, state=(INTERNAL_PAIRS,),
+              publishes=(Publish("resolution_pairs", INTERNAL_PAIRS),
+                         Publish("entity_aliases", "entity_aliases"),
+                         Publish("mentions", "mentions")))
