@@ -13,7 +13,6 @@ from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from tkg.pipeline import storage
 from tkg.pipeline.config import MAX_RESULTS, EmbedConfig, QueryConfig
 from tkg.query import link, rerank, timewords
 from tkg.query.context import build_context
+from tkg.query.methods import FromSearch, TextSearch, method
 from tkg.query.recipes import Part, Recipe, get_recipe
 from tkg.query.search import (
     Filters,
@@ -30,20 +30,13 @@ from tkg.query.search import (
     adjacent_turns,
     allowed_groups,
     bfs,
-    bm25,
-    cosine,
     entities_in_scope,
-    exact_cosine,
-    exact_spans,
     latest_episode,
     make_scope,
-    memory_bm25,
     neighbours,
     order_reached,
     start,
-    text_spans,
     vectors_of,
-    visible_mask,
     with_labels,
 )
 from tkg.query.snapshot import (
@@ -257,6 +250,7 @@ class OneSearch:
         self._episode_text: str | None = None
         self._groups: set[int] | None = None  # codes of the scope's groups
         self._named: tuple[list[int], list[int]] | None = None  # (entities, spoken turns)
+        self._expansion: dict[str, list[int]] | None = None
 
     def _entity_row(self, entity_id: str, what: str) -> int:
         row = self.snap.entity_rows.get(str(entity_id), -1)
@@ -264,6 +258,10 @@ class OneSearch:
             raise QueryError(f"{what} entity {entity_id!r} is not an entity of the groups "
                              f"{', '.join(self.scope.groups)}")
         return row
+
+    @property
+    def config(self) -> QueryConfig:
+        return self.retriever.config
 
     @property
     def vector(self) -> np.ndarray:
@@ -288,32 +286,14 @@ class OneSearch:
         part = getattr(self.recipe, kind)
         return max(part.candidates, self.limit) if part and part.candidates else self.pool
 
-    def hits(self, kind: str, method: str, text: str) -> Any:
-        """The LanceDB search of one kind and method for `text` (a coroutine)."""
-        table = self.snap.kinds[kind]
-        if method == "cosine":
-            return cosine(table, self.vector_of(text), self.scope, self.pool_of(kind),
-                          self.retriever.config)
-        return bm25(table, text, self.scope, self.pool_of(kind))
-
-    def _in_memory(self, kind: str, method: str, text: str) -> Any:
-        """A search that can run in memory (a function of nothing), or None."""
-        if method == "cosine":
-            spans = exact_spans(self.snap, kind, self.scope, self.retriever.config)
-            return None if spans is None else partial(
-                exact_cosine, self.snap, kind, self.vector_of(text), self.scope,
-                self.pool_of(kind), self.retriever.config, spans)
-        spans = text_spans(self.snap, kind, self.scope)
-        return None if spans is None else partial(
-            memory_bm25, self.snap, kind, text, self.scope, self.pool_of(kind), spans)
-
     def _candidates(self, wanted: list[tuple[str, str, str]]) -> list[Hits]:
         """Every (kind, method, text)'s hits: the LanceDB searches start first, then the
         in-memory searches run on this thread while LanceDB works on its own."""
-        local = {i: f for i, search in enumerate(wanted)
-                 if (f := self._in_memory(*search)) is not None}
-        running = start([self.hits(*search) for i, search in enumerate(wanted)
-                         if i not in local])
+        searches = [(method(name), kind, text) for kind, name, text in wanted]
+        local = {i: f for i, (search, kind, text) in enumerate(searches)
+                 if (f := search.in_memory(self, kind, text)) is not None}
+        running = start([search.on_lance(self, kind, text)
+                         for i, (search, kind, text) in enumerate(searches) if i not in local])
         try:
             exact = {i: search() for i, search in local.items()}
             remote = iter(running.result())
@@ -327,8 +307,8 @@ class OneSearch:
         the speakers' names, for episodes only turns (episodes with a speaker): records and
         documents keep the whole question."""
         parts = {kind: getattr(self.recipe, kind) for kind, _ in wanted}
-        unnamed = [i for i, (kind, method) in enumerate(wanted)
-                   if method in parts[kind].unnamed and self.unnamed_text() != self.text]
+        unnamed = [i for i, (kind, name) in enumerate(wanted)
+                   if name in parts[kind].unnamed and self.unnamed_text() != self.text]
         texts = [self.unnamed_text() if i in unnamed and kind != "episodes" else self.text
                  for i, (kind, _) in enumerate(wanted)]
         twice = [i for i in unnamed if wanted[i][0] == "episodes"]
@@ -344,49 +324,54 @@ class OneSearch:
 
     def result(self) -> SearchResult:
         parts = {k: getattr(self.recipe, k) for k in KINDS if getattr(self.recipe, k)}
-        wanted = [(kind, m) for kind, part in parts.items() for m in part.methods
-                  if m not in ("bfs", "linked")]
-        found = self._searched(wanted)
-        lists: dict[str, list[list[int]]] = {kind: [] for kind in parts}
-        scores: dict[str, list[list[float] | None]] = {kind: [] for kind in parts}
-        methods: dict[str, list[str]] = {kind: [] for kind in parts}  # of each list
-        for (kind, method), hits in zip(wanted, found, strict=True):
-            lists[kind].append([r for r, _ in hits])
-            scores[kind].append([s for _, s in hits])
-            methods[kind].append(method)
-        if any("bfs" in p.methods for p in parts.values()):
+        found = self._found(parts)
+        for kind, part in parts.items():
+            if part.fusion == "scores":  # (BM25's 0 is no match; a cosine has no zero)
+                found[kind].scores = [
+                    None if v is None else rerank.normalise(v, method(m).zero_based)
+                    for v, m in zip(found[kind].scores, found[kind].methods, strict=True)]
+        ranked = {kind: self._rerank(kind, part, found[kind].rows, found[kind].scores,
+                                     [part.weight(m) for m in found[kind].methods])
+                  for kind, part in parts.items() if kind != "episodes"}
+        if "episodes" in parts:
+            episodes = found["episodes"]
+            ranked["episodes"] = self._episodes(parts["episodes"], episodes.rows,
+                                                episodes.scores, episodes.methods, ranked)
+        return self._hydrate({kind: hits[:self.limit] for kind, hits in ranked.items()})
+
+    def _found(self, parts: dict[str, Part]) -> dict[str, Found]:
+        """Each kind's lists, one per method of its part: the text searches first (all at
+        once), then the other methods by phase (`methods`), each reading the text
+        searches' lists."""
+        wanted = [(kind, name) for kind, part in parts.items() for name in part.methods
+                  if isinstance(method(name), TextSearch)]
+        found = {kind: Found() for kind in parts}
+        for (kind, name), hits in zip(wanted, self._searched(wanted), strict=True):
+            found[kind].add(name, [r for r, _ in hits], [s for _, s in hits])
+        text_found = {kind: found[kind].copy() for kind in parts}
+        for kind, part in parts.items():
+            for name in sorted(part.methods, key=lambda m: method(m).phase):
+                search = method(name)
+                if isinstance(search, FromSearch):
+                    found[kind].add(name, *search.hits(self, kind, text_found))
+        return found
+
+    def expansion(self, found: Mapping[str, Found]) -> dict[str, list[int]]:
+        """The facts and entities BFS reaches from the seeds (`_seeds`, from the text
+        searches' lists), each ordered by hops and words; computed once a search."""
+        if self._expansion is None:
+            lists = {kind: f.rows for kind, f in found.items()}
+            scores = {kind: f.scores for kind, f in found.items()}
             expansion = bfs(self.snap, self._seeds(lists, scores), self.scope,
-                            self.recipe.bfs_hops,
-                            self.recipe.bfs_max_edges)
+                            self.recipe.bfs_hops, self.recipe.bfs_max_edges)
             labelled = with_labels(self.snap, list(expansion.entities),
                                    self.scope.filters.labels)
-            reached = {
+            self._expansion = {
                 "facts": order_reached(expansion.facts, self.snap.kinds["facts"], self.text,
                                        self.pool),
                 "entities": order_reached({e: expansion.entities[e] for e in labelled},
                                           self.snap.kinds["entities"], self.text, self.pool)}
-            for kind, part in parts.items():
-                if "bfs" in part.methods:
-                    lists[kind].append(reached.get(kind, []))
-                    scores[kind].append(None)  # (ordered by hops and words: no ties)
-                    methods[kind].append("bfs")
-        for kind, part in parts.items():
-            if "linked" in part.methods:
-                linked = self._linked(kind)
-                lists[kind].append([r for r, _ in linked])
-                scores[kind].append([s for _, s in linked])
-                methods[kind].append("linked")
-        for kind, part in parts.items():
-            if part.fusion == "scores":  # (BM25's 0 is no match; a cosine has no zero)
-                scores[kind] = [None if v is None else rerank.normalise(v, m == "bm25")
-                                for v, m in zip(scores[kind], methods[kind], strict=True)]
-        ranked = {kind: self._rerank(kind, part, lists[kind], scores[kind],
-                                     [part.weight(m) for m in methods[kind]])
-                  for kind, part in parts.items() if kind != "episodes"}
-        if "episodes" in parts:
-            ranked["episodes"] = self._episodes(parts["episodes"], lists["episodes"],
-                                                scores["episodes"], methods["episodes"], ranked)
-        return self._hydrate({kind: hits[:self.limit] for kind, hits in ranked.items()})
+        return self._expansion
 
     def _episodes(self, part: Part, found: list[list[int]], scores: list[list[float] | None],
                   methods: list[str], ranked: dict[str, Hits]) -> Hits:
@@ -491,29 +476,6 @@ class OneSearch:
                 seeds += [int(e) for e in ends if e >= 0]
         return list(dict.fromkeys(seeds))
 
-    def _linked(self, kind: str) -> Hits:
-        """The rows tied to the people and things the question names (`tkg.query.link`):
-        episodes a named person spoke or that mention a named entity, facts touching a
-        named entity; by cosine to the query, the recipe's pool of them."""
-        entities, spoken = self.named()
-        if kind == "episodes":
-            rows = np.asarray(spoken, dtype=np.int64)
-            if entities:
-                rows = np.union1d(rows, self.snap.entity_episodes.of_many(
-                    np.asarray(entities, dtype=np.int64)))
-        elif kind == "facts" and entities:
-            rows = np.unique(self.snap.entity_facts.of_many(np.asarray(entities, np.int64)))
-        else:
-            return []
-        table = self.snap.kinds[kind]
-        if not len(rows) or table.vectors is None:
-            return []
-        rows = rows[visible_mask(self.snap, kind, rows, self.scope)]
-        query = self.vector / (np.linalg.norm(self.vector) or 1.0)
-        similarity = table.vectors[rows] @ query
-        order = np.lexsort((rows, -similarity))[:self.pool_of(kind)]
-        return [(int(rows[i]), float(similarity[i])) for i in order]
-
     def _conversation_entities(self, recent: int = 4) -> list[int]:
         if not self.conversation_id:
             return []
@@ -605,6 +567,23 @@ class OneSearch:
 
     def _episode_source(self, row: int) -> str:
         return self.snap.kinds["episodes"].meta["source_id"][row].as_py()
+
+
+@dataclass
+class Found:
+    """One kind's candidate lists, one per method, in the order they are fused."""
+
+    rows: list[list[int]] = field(default_factory=list)
+    scores: list[list[float] | None] = field(default_factory=list)  # None: ordered only
+    methods: list[str] = field(default_factory=list)
+
+    def add(self, method: str, rows: list[int], scores: list[float] | None) -> None:
+        self.rows.append(rows)
+        self.scores.append(scores)
+        self.methods.append(method)
+
+    def copy(self) -> Found:
+        return Found(list(self.rows), list(self.scores), list(self.methods))
 
 
 @dataclass

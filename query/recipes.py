@@ -2,9 +2,10 @@
 
 A recipe says, per kind of result, which search methods produce candidates and which
 reranker orders them; the search code has one path that reads this data.
-Methods: `cosine` (vector index), `bm25` (native full-text index), `bfs` (graph expansion
-from the hits, the given `origins` or a conversation's recent episodes), `linked` (what the
-people and things the question names said or are mentioned in, `tkg.query.link`).
+Methods (`tkg.query.methods.METHODS`): `cosine` (vector index), `bm25` (native full-text
+index), `bfs` (graph expansion from the hits, the given `origins` or a conversation's recent
+episodes), `linked` (what the people and things the question names said or are mentioned
+in, `tkg.query.link`).
 Rerankers: `rrf`, `mmr`, `episode_mentions`, `node_distance` (needs `center`),
 `cross_encoder` (`query.cross_encoder` picks the model). Episodes can further be scored with
 their neighbouring turns, weighed by who spoke them and by the times the question names
@@ -17,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from tkg.query.methods import METHODS
 from tkg.query.rerank import RERANKERS
-
-METHODS = frozenset({"cosine", "bm25", "bfs", "linked"})
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,9 @@ class Part:
     fusion: str = "rrf"
 
     def __post_init__(self) -> None:
-        if (not set(self.methods) <= METHODS or self.reranker not in RERANKERS
-                or self.fusion not in ("rrf", "scores")):
+        for method in self.methods:
+            METHODS.factory(method)  # (an unknown one: an error listing the known methods)
+        if self.reranker not in RERANKERS or self.fusion not in ("rrf", "scores"):
             raise ValueError(f"unknown method, reranker or fusion in {self}")
         if self.weights is not None and len(self.weights) != len(self.methods):
             raise ValueError(f"one weight per method in {self}")

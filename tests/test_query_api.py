@@ -281,6 +281,27 @@ def test_the_bge_reranker_is_reachable_from_config_and_cli(tiny, tmp_path, capsy
     assert json.loads(capsys.readouterr().out)["facts"] == result.to_dict()["facts"]
 
 
+def test_an_unknown_search_method_is_an_error_never_bm25(tiny):
+    """A method no entry of `methods.METHODS` has fails naming the known ones, both when a
+    recipe names it and when a search meets it (a part built around the check), instead
+    of running BM25 in its place (BM25 finds the turn naming Bruno)."""
+    from dataclasses import replace
+
+    from tkg.pipeline.registry import UnknownBackend
+    from tkg.query.recipes import Part, get_recipe
+
+    known = r"\(known: bfs, bm25, cosine, linked\)"
+    with pytest.raises(UnknownBackend, match=rf"unknown search method 'grep' {known}"):
+        Part(("grep",))
+    flat = get_recipe("episodes_flat_rrf")
+    assert [e.source_id for e in tiny.search(
+        "Bruno", "g1", recipe=replace(flat, episodes=Part(("bm25",)))).episodes] == ["m3"]
+    part = Part(("bm25",))
+    object.__setattr__(part, "methods", ("grep",))  # past Part's own check
+    with pytest.raises(UnknownBackend, match=known):
+        tiny.search("Bruno", "g1", recipe=replace(flat, episodes=part))
+
+
 def test_turns_next_to_a_hit_join_it(tiny):
     """The turn window: BM25 finds only the turn naming Bruno; the turns before and after
     it in the conversation follow at half its score."""
