@@ -55,6 +55,61 @@ def test_cli_check_and_write(tmp_path, capsys):
     assert main(["docs", "config", "--out", str(page), "--check"]) == 0
 
 
+# --- README: the Layout section is the tree's -------------------------------------------
+
+def test_readme_layout_is_current():
+    """Fails when a module was added, moved, removed or given another first sentence without
+    regenerating the README's Layout."""
+    text = docs.README.read_text()
+    assert docs.with_layout(text, docs.render_layout()) == text, (
+        "README.md's Layout is stale: run `.venv/bin/tkg docs layout` and commit it")
+
+
+def test_first_sentence():
+    assert docs.first_sentence("One. Two.\n\nMore.") == "One."
+    assert docs.first_sentence("Wrapped\nover lines, e.g. here; ends here.") == (
+        "Wrapped over lines, e.g. here; ends here.")
+    assert docs.first_sentence("Run `cd . && ls`. Then.") == "Run `cd . && ls`."
+    assert docs.first_sentence("A list follows:\n\n- one") == "A list follows"
+    assert docs.first_sentence("") == ""
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_layout_lists_every_module_with_its_docstring(tmp_path):
+    root = _tree(tmp_path, {
+        "pipeline/__init__.py": "", "pipeline/zeta.py": '"""Zeta does z. Not this."""\n',
+        "pipeline/sub/__init__.py": '"""A package."""\n', "pipeline/sub/alpha.py": "x = 1\n",
+        "pipeline/beta.py": '"""Beta | pipes."""\n',
+        "query/__init__.py": '"""Retrieval. More."""\n', "jobs/cli.py": '"""`tkg`."""\n'})
+    lines = docs.render_layout(root).splitlines()
+    assert lines[0] == docs.LAYOUT_BEGIN and lines[-1] == docs.LAYOUT_END
+    rows = [line for line in lines if line.startswith("| `")]
+    assert rows == ["| `beta.py` | Beta \\| pipes. |", "| `sub/` | A package. |",
+                    "| `sub/alpha.py` |  |", "| `zeta.py` | Zeta does z. |",
+                    "| `cli.py` | `tkg`. |"]
+    assert "`pipeline/` (`tkg.pipeline`)" in lines
+    assert "`query/` (`tkg.query`): Retrieval." in lines
+
+
+def test_cli_layout_check_and_write(tmp_path, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# t\n\n{docs.LAYOUT_BEGIN}\nold\n{docs.LAYOUT_END}\n\nafter\n")
+    assert main(["docs", "layout", "--readme", str(readme), "--check"]) == 1
+    assert "stale" in capsys.readouterr().out
+    assert main(["docs", "layout", "--readme", str(readme)]) == 0
+    assert readme.read_text() == f"# t\n\n{docs.render_layout()}\n\nafter\n"
+    assert main(["docs", "layout", "--readme", str(readme), "--check"]) == 0
+    readme.write_text("# no markers\n")
+    with pytest.raises(ValueError, match="layout markers"):
+        docs.layout_is_stale(readme)
+
+
 # --- README: every block marked runnable works ------------------------------------------
 
 README = docs.ROOT / "README.md"
