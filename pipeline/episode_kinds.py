@@ -200,6 +200,13 @@ def embed_text(row: Mapping[str, Any]) -> str:
     return f"{prefix}: {content}" if prefix else content
 
 
+def embed_texts(episodes: pa.Table) -> list[str]:
+    """`embed_text` of each row of an episodes table."""
+    headers = {k.header.field for k in KINDS.values() if k.header is not None}
+    return [embed_text(row) for row in episodes.select(["kind", "content", *sorted(headers)])
+            .to_pylist()]
+
+
 def prompt_header(episode: EpisodeInput) -> str:
     """The header line of an extraction prompt ("\\nSpeaker: Ana"), empty without one."""
     kind = episode_kind(episode.kind)

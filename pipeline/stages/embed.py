@@ -7,21 +7,12 @@ import pyarrow as pa
 from ray.data import Dataset
 from tkg.pipeline import engine
 from tkg.pipeline.context import Publish, RunContext, Stage
-from tkg.pipeline.extract.records import record_text
+from tkg.pipeline.episode_kinds import embed_texts
 from tkg.pipeline.stages.common import embed_changed, embed_column
 
 
 def _episode_text(batch: pa.Table) -> pa.Table:
-    texts = []
-    for kind, speaker, title, source, content in zip(
-        *(batch[c].to_pylist() for c in ("kind", "speaker", "title", "source", "content")),
-        strict=True,
-    ):
-        if kind == "json":
-            content = record_text(content or "{}")
-        prefix = {"message": speaker, "text": title, "json": source}.get(kind)
-        texts.append(f"{prefix}: {content}" if prefix else content)
-    return batch.append_column("embed_text", pa.array(texts, pa.string()))
+    return batch.append_column("embed_text", pa.array(embed_texts(batch), pa.string()))
 
 
 def embed_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:

@@ -14,6 +14,7 @@ from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import Publish, RunContext, Stage
 from tkg.pipeline.datasets import empty_dataset
 from tkg.pipeline.extract import EpisodeInput, build_extractor
+from tkg.pipeline.extract.base import EPISODE_COLUMNS
 from tkg.pipeline.extract.llm import dataset_extractor
 from tkg.pipeline.llm.usage import count_llm
 from tkg.pipeline.resume import resumable
@@ -30,17 +31,7 @@ class ExtractBatch:
     def __call__(self, batch: pa.Table) -> pa.Table:
         if self.crash:
             faults.die()
-        episodes = [
-            EpisodeInput(
-                episode_id=r["episode_id"], group_id=r["group_id"], kind=r["kind"],
-                content=r["content"] or "", valid_at=r["valid_at"], source_id=r["source_id"],
-                speaker=r["speaker"], title=r["title"], source=r["source"],
-                context=tuple(r["context"] or ()),
-            )
-            for r in batch.select(["episode_id", "group_id", "kind", "content", "valid_at",
-                                   "source_id", "speaker", "title", "source", "context"]
-                                  ).to_pylist()
-        ]
+        episodes = [EpisodeInput.of(r) for r in batch.select(list(EPISODE_COLUMNS)).to_pylist()]
         rows = []
         for episode, result in zip(episodes, self.extractor.extract(episodes), strict=True):
             rows.append({
