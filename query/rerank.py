@@ -75,6 +75,23 @@ def combine(lists: Sequence[Sequence[K]], scores: Sequence[Sequence[float]],
     return sorted(fused.items(), key=lambda item: -item[1])
 
 
+def fused_lists(fusion: str, found: list[list[K]], scores: list[list[float] | None],
+                weights: list[float]
+                ) -> tuple[list[list[K]], list[list[float] | None], list[float]]:
+    """The lists RRF fuses for a part's `fusion`: for "scores", its scored lists as one
+    (`combine`, with their weights) at weight 1, then the unscored lists as they were; for
+    "rrf", the lists as they are."""
+    scored = [i for i, values in enumerate(scores) if values is not None]
+    if fusion != "scores" or not scored:
+        return found, scores, weights
+    one = combine([found[i] for i in scored], [scores[i] or [] for i in scored],
+                  [weights[i] for i in scored])
+    rest = [i for i in range(len(found)) if i not in scored]
+    return ([[k for k, _ in one]] + [found[i] for i in rest],
+            [[v for _, v in one]] + [scores[i] for i in rest],
+            [1.0] + [weights[i] for i in rest])
+
+
 def mmr(query: np.ndarray, keys: Sequence[K], vectors: np.ndarray, lam: float = 0.5,
         limit: int | None = None) -> list[tuple[K, float]]:
     """Maximal marginal relevance, greedy: each step takes the candidate maximising

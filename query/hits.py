@@ -1,0 +1,178 @@
+"""What a search returns: the hits of each kind (`SearchResult`, the JSON object of
+`tkg search --json`), filled from the ranked rows of a snapshot, and the provenance
+episodes a fact or entity cites that the caller may see."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from tkg.query.search import Hits, Scope
+from tkg.query.snapshot import Snapshot
+
+KINDS = ("facts", "entities", "communities", "episodes")
+
+
+@dataclass
+class FactHit:
+    edge_id: str
+    fact: str
+    relation: str
+    source: str | None
+    target: str | None
+    valid_at: str | None
+    invalid_at: str | None
+    score: float
+    episodes: list[str]  # source_ids of the provenance episodes, in time order
+
+
+@dataclass
+class EntityHit:
+    entity_id: str
+    name: str
+    summary: str | None
+    score: float
+
+
+@dataclass
+class CommunityHit:
+    community_id: str
+    name: str | None
+    summary: str | None
+    score: float
+
+
+@dataclass
+class EpisodeHit:
+    episode_id: str
+    source_id: str
+    content: str
+    valid_at: str | None
+    score: float
+
+
+@dataclass
+class SearchResult:
+    facts: list[FactHit] = field(default_factory=list)
+    entities: list[EntityHit] = field(default_factory=list)
+    communities: list[CommunityHit] = field(default_factory=list)
+    episodes: list[EpisodeHit] = field(default_factory=list)
+    run_id: str | None = None  # the snapshot that answered (not part of the JSON object)
+    warnings: list[str] = field(default_factory=list)  # e.g. a group with no data
+
+    def to_dict(self) -> dict[str, list[Any]]:
+        """Exactly the JSON object of `tkg search --json`."""
+        # (vars, not dataclasses.asdict: hits hold only scalars and lists of strings, and
+        # asdict's deep copy was a twentieth of a served request's CPU)
+        found: dict[str, list[Any]] = {kind: [dict(vars(hit)) for hit in getattr(self, kind)]
+                                       for kind in KINDS}
+        return {**found, "warnings": list(self.warnings)}
+
+
+class Provenance:
+    """The episodes facts and entities cite, as far as the scope may see them: of its
+    groups, and known at its `known_at`."""
+
+    def __init__(self, snap: Snapshot, scope: Scope) -> None:
+        self.snap, self.scope = snap, scope
+        self._groups: set[int] | None = None  # codes of the scope's groups
+
+    def visible(self, row: int) -> bool:
+        snap = self.snap
+        if self._groups is None:
+            self._groups = {snap.groups[g] for g in self.scope.groups if g in snap.groups}
+        return (int(snap.group_codes["episodes"][row]) in self._groups
+                and snap.kinds["episodes"].times["created_at_us"][row] <= self.scope.known_at)
+
+    def episode_rows(self, episode_ids: list[str]) -> list[int]:
+        """Provenance episodes the scope may see, in time order."""
+        rows = [self.snap.episode_rows.get(e, -1) for e in episode_ids]
+        rows = [r for r in rows if r >= 0 and self.visible(r)]
+        valid = self.snap.kinds["episodes"].times["valid_at_us"]
+        return sorted(set(rows), key=lambda r: (int(valid[r]), r))
+
+    def entity_episodes(self, row: int, newest: int) -> list[int]:
+        """Up to `newest` of the episodes that mention an entity, newest first."""
+        found = []
+        for episode in self.snap.entity_episodes.of(row).tolist():
+            if self.visible(episode):
+                found.append(episode)
+                if len(found) >= newest:
+                    break
+        return found
+
+    def source_id(self, row: int) -> str:
+        return self.snap.kinds["episodes"].meta["source_id"][row].as_py()
+
+
+def hydrate(snap: Snapshot, scope: Scope, ranked: dict[str, Hits],
+            provenance: Provenance) -> SearchResult:
+    """The hits of the ranked rows of each kind."""
+    present = summaries_hold(snap, scope)
+    return SearchResult(
+        facts=_fact_hits(snap, ranked.get("facts", []), provenance),
+        entities=[EntityHit(**{**entity, "summary": entity["summary"] if present else None},
+                            score=round(score, 6))
+                  for (_, score), entity in _with_rows(snap, "entities", ranked, (
+                      "entity_id", "name", "summary"))],
+        communities=[CommunityHit(**{**community, "summary": community["summary"]
+                                     if present else None}, score=round(score, 6))
+                     for (_, score), community in _with_rows(snap, "communities", ranked, (
+                         "community_id", "name", "summary"))],
+        episodes=[EpisodeHit(episode_id=episode["episode_id"], source_id=episode["source_id"],
+                             content=episode["content"] or "",
+                             valid_at=_iso(episode["valid_at"]), score=round(score, 6))
+                  for (_, score), episode in _with_rows(snap, "episodes", ranked, (
+                      "episode_id", "source_id", "content", "valid_at"))],
+        run_id=snap.run_id)
+
+
+def _fact_hits(snap: Snapshot, facts: Hits, provenance: Provenance) -> list[FactHit]:
+    names = snap.kinds["entities"].meta["name"]
+    hits = []
+    for (row, score), fact in zip(facts, rows_of(snap, "facts", facts, (
+            "edge_id", "fact", "relation", "valid_at", "invalid_at", "episode_ids")),
+                                  strict=True):
+        src, tgt = int(snap.fact_src[row]), int(snap.fact_tgt[row])
+        cited = provenance.episode_rows(fact["episode_ids"] or [])
+        hits.append(FactHit(
+            edge_id=fact["edge_id"], fact=fact["fact"], relation=fact["relation"],
+            source=names[src].as_py() if src >= 0 else None,
+            target=names[tgt].as_py() if tgt >= 0 else None,
+            valid_at=_iso(fact["valid_at"]), invalid_at=_iso(fact["invalid_at"]),
+            score=round(score, 6), episodes=[provenance.source_id(e) for e in cited]))
+    return hits
+
+
+def summaries_hold(snap: Snapshot, scope: Scope) -> bool:
+    """Summaries are written from the facts that hold when the store was built: they speak
+    for a time at or after the newest fact's start, as known once every fact was. An answer
+    about an earlier time (or an earlier state of knowledge) leaves them out."""
+    facts = snap.kinds["facts"]
+    if not facts.rows:
+        return True
+    newest = facts.bounds.get("valid_at_us", (0, 0))[1]
+    written = facts.bounds.get("created_at_us", (0, 0))[1]
+    return scope.as_of >= newest and scope.known_at >= written
+
+
+def _with_rows(snap: Snapshot, kind: str, ranked: dict[str, Hits], columns: tuple[str, ...]
+               ) -> list[tuple[tuple[int, float], dict[str, Any]]]:
+    hits = ranked.get(kind, [])
+    return list(zip(hits, rows_of(snap, kind, hits, columns), strict=True))
+
+
+def rows_of(snap: Snapshot, kind: str, hits: Hits, columns: tuple[str, ...]
+            ) -> list[dict[str, Any]]:
+    """Some columns of the hit rows, as Python values (one `take`, not a lookup a cell)."""
+    if not hits:
+        return []
+    import pyarrow as pa
+
+    meta = snap.kinds[kind].meta.select(list(columns))
+    return meta.take(pa.array([row for row, _ in hits], pa.int64())).to_pylist()
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat() if moment is not None else None
