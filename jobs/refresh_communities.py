@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tkg.pipeline import communities, schema, storage, store, visibility
+from tkg.pipeline.build import run_row, table_writer
 from tkg.pipeline.config import TkgConfig, load_config
 
 INPUT_COLUMNS = {
@@ -85,8 +86,9 @@ def _embed_names(rows: pa.Table, config: TkgConfig, dim: int) -> pa.Table:
     return rows.append_column("name_embedding", to_vector_array(vectors, dim))
 
 
-def snapshot_config(manifest: dict[str, Any]) -> TkgConfig:
-    """The config the snapshot was built with; if it no longer validates (built by an older
+def snapshot_build_config(manifest: dict[str, Any]) -> TkgConfig:
+    """The build config the snapshot was built with (`query.snapshot.snapshot_config` is its
+    query config); if it no longer validates (built by an older
     version), the defaults with the snapshot's embedder, so names embed as its tables do."""
     from pydantic import ValidationError
 
@@ -107,7 +109,7 @@ def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
     store_dir = storage.location(store_dir)
     previous = store.current_snapshot(store_dir)
     manifest = store.read_manifest(previous)
-    config = config or snapshot_config(manifest)
+    config = config or snapshot_build_config(manifest)
     dim = int(manifest["embedding"]["dim"])
     started_at = store.now()
     run_id = run_id or f"{started_at:%Y%m%dT%H%M%SZ}-communities"
@@ -124,8 +126,8 @@ def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
     seconds["embed"] = round(time.perf_counter() - clock, 3)
 
     members = communities.member_rows(rows)
-    replaced = {"communities": _writer(named, schema.communities(dim)),
-                "community_members": _writer(members, schema.COMMUNITY_MEMBERS)}
+    replaced = {"communities": table_writer(named, schema.communities(dim)),
+                "community_members": table_writer(members, schema.COMMUNITY_MEMBERS)}
     kept = [name for name in store.table_names(previous) if name not in replaced]
 
     def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
@@ -136,7 +138,9 @@ def refresh_store(store_dir: str | Path, config: TkgConfig | None = None,
             "config_hash": config.fingerprint(), "config": config.model_dump(),
             "tables": {**manifest.get("tables", {}), **done.rows}, "summary": summary,
             "refreshed_from": storage.name(previous), "retrieval": done.retrieval,
-        }, _run_row(summary, config, started_at, seconds)
+        }, run_row(summary, config, started_at, inputs=[],
+                   stage_seconds=[(f"communities_{k}", v) for k, v in seconds.items()],
+                   llm_calls=0, llm_prompt_tokens=0, llm_completion_tokens=0)
 
     published = store.publish(store_dir, run_id, replaced, previous=previous, dim=dim,
                               query=config.query, describe=describe, kept=kept)
@@ -155,20 +159,6 @@ def _summary(manifest: dict[str, Any], done: store.Published, rows: pa.Table,
         "drift": report["overall"], "drift_by_group": report["groups"],
         "seconds": seconds, "seconds_total": round(sum(seconds.values()), 3),
     }
-
-
-def _writer(table: pa.Table, table_schema: pa.Schema) -> store.TableWriter:
-    return lambda target: store.write_table(table, target, table_schema)
-
-
-def _run_row(summary: dict[str, Any], config: TkgConfig, started_at: datetime,
-             seconds: dict[str, float]) -> pa.Table:
-    row = {key: summary.get(key) for key in schema.RUNS.names}
-    row.update(status="succeeded", config_hash=config.fingerprint(), inputs=[],
-               started_at=started_at, finished_at=store.now(), llm_calls=0,
-               llm_prompt_tokens=0, llm_completion_tokens=0,
-               stage_seconds=[(f"communities_{k}", v) for k, v in seconds.items()])
-    return schema.from_rows([row], schema.RUNS)
 
 
 def cmd_refresh(args: argparse.Namespace) -> int:

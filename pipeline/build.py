@@ -184,7 +184,7 @@ def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
         *rejects.values(),
         store.read_table(ctx.previous, "rejects", schema.REJECTS) if ctx.previous
         else schema.REJECTS.empty_table()])
-    tables[REJECTS] = lambda target: store.write_table(every_reject, target, schema.REJECTS)
+    tables[REJECTS] = table_writer(every_reject, schema.REJECTS)
 
     def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
         summary = _summary(ctx, store_dir, done, rejects, seconds)
@@ -195,7 +195,11 @@ def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
             "inputs": [str(f) for f in ctx.files], "tables": done.rows, "summary": summary,
             "retrieval": done.retrieval, "schema_version": 1,
         }
-        return manifest, _run_row(ctx, summary, started_at)
+        return manifest, run_row(
+            summary, ctx.config, started_at, inputs=[str(f) for f in ctx.files],
+            stage_seconds=list(summary["seconds"].items()),
+            llm_prompt_tokens=summary["llm_prompt_tokens"],
+            llm_completion_tokens=summary["llm_completion_tokens"])
 
     manifest = store.publish(store_dir, ctx.run_id, tables, previous=ctx.previous, dim=ctx.dim,
                              query=ctx.config.query, describe=describe, grown=CARRIED)
@@ -251,16 +255,21 @@ def _fact_counts(done: store.Published) -> dict[str, int]:
     return {"facts": facts, "facts_current": current, "facts_invalidated": ended}
 
 
-def _run_row(ctx: RunContext, summary: dict[str, Any], started_at: datetime) -> pa.Table:
+def run_row(summary: dict[str, Any], config: TkgConfig, started_at: datetime, *,
+            inputs: list[str], stage_seconds: list[tuple[str, float]],
+            **figures: int) -> pa.Table:
+    """The `runs` row of a finished run (a build or a community refresh): the summary's
+    fields, with the run's own `figures` (LLM calls, tokens) over the summary's."""
     row = {key: summary.get(key) for key in schema.RUNS.names}
-    row.update(
-        status="succeeded", config_hash=ctx.config.fingerprint(),
-        inputs=[str(f) for f in ctx.files], started_at=started_at, finished_at=store.now(),
-        llm_prompt_tokens=summary["llm_prompt_tokens"],
-        llm_completion_tokens=summary["llm_completion_tokens"],
-        stage_seconds=list(summary["seconds"].items()),
-    )
-    return pa.Table.from_pylist([row], schema=schema.RUNS)
+    row.update(status="succeeded", config_hash=config.fingerprint(), inputs=inputs,
+               started_at=started_at, finished_at=store.now(), stage_seconds=stage_seconds,
+               **figures)
+    return schema.from_rows([row], schema.RUNS)
+
+
+def table_writer(table: pa.Table, table_schema: pa.Schema) -> store.TableWriter:
+    """Publish a table made in this process (rejects, refreshed communities)."""
+    return lambda target: store.write_table(table, target, table_schema)
 
 
 def _remembered(location: Location, first: Callable[[], str]) -> str:
