@@ -133,3 +133,19 @@ def test_versions_with_an_empty_first_block_of_new_facts(ctx):
     old = _dataset(_facts(ctx.dim, ["e1"], "old"))
     out = shuffle(ctx, new.union(old), ["edge_id"], facts.version_edges, ctx.created_at)
     assert sorted(r["edge_id"] for r in _rows(out)) == ["e1", "e2"]
+
+
+def test_gather_is_bounded_by_the_policy(ctx):
+    """A gather brings rows into the driver up to `ray.gather_mb` and stops the run past it,
+    naming what it gathered; no rows gives an empty table of the asked columns."""
+    import dataclasses
+
+    from tkg.pipeline import engine
+
+    ds = _dataset(NO_SCHEMA, FULL)
+    assert engine.gather(ctx, ds, ["key"])["key"].to_pylist() == ["a", "a", "b"]
+    assert engine.gather(ctx, _dataset(NO_SCHEMA), ["key"]).column_names == ["key"]
+    tight = dataclasses.replace(ctx, config=ctx.config.model_copy(update={
+        "ray": ctx.config.ray.model_copy(update={"gather_mb": 0})}))
+    with pytest.raises(engine.DriverLimitError, match="stored pairs"):
+        engine.gather(tight, ds, ["key"], what="stored pairs")
