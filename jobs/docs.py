@@ -154,12 +154,14 @@ def list_defaults(model: type[BaseModel], path: str = "") -> list[str]:
     return out
 
 
-def render_config_reference(model: type[BaseModel] | None = None) -> str:
-    """The whole page: one table per section, the default lists, the full default YAML."""
+def render_config_reference(model: type[BaseModel] | None = None,
+                            tuning: dict[str, type[BaseModel]] | None = None) -> str:
+    """The whole page: one table per section, the default lists, the full default YAML, then
+    the defaults no YAML key sets (`tuning`; the page's: `pipeline.config.TUNING`)."""
     if model is None:
-        from tkg.pipeline.config import TkgConfig
+        from tkg.pipeline.config import TUNING, TkgConfig
 
-        model = TkgConfig
+        model, tuning = TkgConfig, TUNING
     lines = [HEADER]
     for section in sections(model):
         rows = field_rows(section)
@@ -173,6 +175,10 @@ def render_config_reference(model: type[BaseModel] | None = None) -> str:
     lines += list_defaults(model)
     full = yaml.safe_dump(model().model_dump(mode="json"), sort_keys=False, width=96)
     lines += ["## Every default, as one YAML file", "", "```yaml", full.rstrip(), "```", ""]
+    for path, section in (tuning or {}).items():  # (search recipes' knobs: data, not YAML)
+        lines += [f"## `{path}` (not a YAML key)", "", " ".join((section.__doc__ or "").split()),
+                  "", "| key | type | default | description |", "|---|---|---|---|",
+                  *field_rows(Section(path, section)), ""]
     return "\n".join(lines)
 
 

@@ -358,6 +358,75 @@ class QueryConfig(_Section):
         "already in the local cache (nothing is downloaded)")
 
 
+class RecipeDefaults(_Section):
+    """Search recipes (`query/recipes.py`) are data, picked by name (`query.recipe`), not
+    YAML keys: a variant is another recipe. These are the values of a recipe's knobs where
+    it sets none; the default recipe's own are `DefaultRecipeWeighing`."""
+
+    provenance: bool = Field(
+        True, description="the episodes list also cites the top facts' and entities' sources")
+    provenance_weights: tuple[float, float] = Field(
+        (1.0, 0.0), description="RRF weights, beside the episode methods' own, of the top "
+        "facts' provenance and of the top entities' latest mentions, fused into the episodes "
+        "in the same RRF as the episode hits; 0 keeps the mentions in the list but after "
+        "everything else")
+    provenance_facts: int = Field(
+        10, description="top facts whose source episodes are fused into the episodes")
+    entity_provenance: int = Field(
+        2, description="newest episodes cited per top entity (its latest mentions)")
+    turn_window: tuple[float, float] = Field(
+        (0.0, 0.0), description="each turn scored with its neighbours before fusion: max(own, "
+        "before x previous turn's, after x next turn's score), per episode method; [0, 0] = off")
+    other_speaker: float = Field(
+        1.0, description="score factor of a turn spoken by someone else when the question "
+        "names speakers of the groups (and the turn names no named person or thing); 1 = off")
+    named_speaker: float = Field(
+        1.0, description="score factor of a turn spoken by a person the question names; 1 = off")
+    time_boost: float = Field(
+        1.0, description="score factor of episodes inside the windows of valid time the "
+        "question's own words name ('in May 2023', 'last year'), when the caller set no "
+        "valid-time filter; 1 = off")
+    bfs_hops: int = Field(2, description="hops of the graph expansion (`bfs`)")
+    bfs_max_edges: int = Field(
+        400, description="edges expanded per hop: bounds a query on a hub entity")
+    bfs_seeds: int = Field(
+        5, description="top hits of each kind whose entities seed the expansion")
+    conversation_episodes: int = Field(
+        4, description="a conversation's newest episodes whose entities seed the expansion "
+        "(a search given a conversation_id)")
+    candidates: int = Field(40, description="per method, before reranking")
+    rrf_k: int = Field(60, description="k of reciprocal rank fusion: sum of w / (k + rank)")
+    cross_encoder_top: int = Field(
+        20, description="RRF's top candidates re-scored by the cross-encoder")
+    mmr_lambda: float = Field(0.5, description="MMR's relevance weight against diversity")
+
+
+class DefaultRecipeWeighing(_Section):
+    """The default recipe's (`combined_hybrid_rrf`) own values of the `RecipeDefaults` knobs
+    that weigh and fuse its episodes, each chosen on LoCoMo and the corpus questions
+    (docs/retrieval-history.md has the measurements and the commands that give them)."""
+
+    provenance_facts: int = Field(
+        10, description="20 scored LoCoMo the same but cost the corpus questions 0.07 of "
+        "recall@10: facts there cite many records each")
+    provenance_weights: tuple[float, float] = Field(
+        (0.25, 0.05), description="beside the episode hits fused by score (fusion scores)")
+    turn_window: tuple[float, float] = Field(
+        (0.5, 0.5), description="LoCoMo evidence recall@10 0.650 -> 0.692")
+    other_speaker: float = Field(0.5, description="alone: LoCoMo 0.602 -> 0.635")
+    named_speaker: float = Field(
+        1.5, description="LoCoMo 0.706 -> 0.720; 2 cost the corpus questions 0.075")
+    time_boost: float = Field(2.0, description="LoCoMo 0.692 -> 0.710")
+    rrf_k: int = Field(40, description="every kind's fusion: LoCoMo 0.713 -> 0.719, the "
+                       "corpus questions 0.929 -> 0.941")
+
+
+RECIPE_DEFAULTS = RecipeDefaults()
+# Documented in docs/config.md beside the YAML keys, though no YAML file sets them.
+TUNING: dict[str, type[_Section]] = {"recipe": RecipeDefaults,
+                                      "combined_hybrid_rrf": DefaultRecipeWeighing}
+
+
 class CommunitiesConfig(_Section):
     """Label-propagation communities per group (pipeline/communities.py): what links two
     entities, how clusters are found and named, and how incremental runs keep them."""

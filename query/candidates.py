@@ -208,7 +208,8 @@ class OneSearch:
                 seeds += [int(e) for e in ends if e >= 0]
         return list(dict.fromkeys(seeds))
 
-    def _conversation_entities(self, recent: int = 4) -> list[int]:
+    def _conversation_entities(self) -> list[int]:
+        """The entities of the conversation's newest episodes (`conversation_episodes`)."""
         if not self.conversation_id:
             return []
         import pyarrow as pa
@@ -220,8 +221,9 @@ class OneSearch:
                                       value_set=pa.array(self.scope.groups, pa.string())))
         mask = pc.and_(mask, pc.less_equal(episodes["created_at_us"], self.scope.known_at))
         rows = np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
-        newest = rows[np.argsort(-episodes["valid_at_us"].to_numpy()[rows])][:recent]
-        return [int(e) for e in self.snap.episode_entities.of_many(newest)]
+        newest = rows[np.argsort(-episodes["valid_at_us"].to_numpy()[rows])]
+        return [int(e) for e in self.snap.episode_entities.of_many(
+            newest[:self.recipe.conversation_episodes])]
 
     def _fused(self, part: Part, found: Found) -> Hits:
         """RRF over the methods' lists (by the part's `fusion`)."""

@@ -20,7 +20,6 @@ from tkg.query.search import Hits, Scope, adjacent_turns, latest_episode
 from tkg.query.snapshot import Snapshot
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-ENTITY_PROVENANCE = 2  # newest episodes cited per top entity
 
 
 class Question(Protocol):
@@ -78,7 +77,7 @@ def cited_episodes(search: Question, ranked: dict[str, Hits]) -> list[list[int]]
     sources = [e for fact in rows_of(search.snap, "facts", facts, ("episode_ids",))
                for e in search.provenance.episode_rows(fact["episode_ids"] or [])]
     mentions = [e for row, _ in ranked.get("entities", [])[:search.limit]
-                for e in search.provenance.entity_episodes(row, ENTITY_PROVENANCE)]
+                for e in search.provenance.entity_episodes(row, search.recipe.entity_provenance)]
     return [sources, mentions]
 
 

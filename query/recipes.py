@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from tkg.pipeline.config import RECIPE_DEFAULTS, DefaultRecipeWeighing
 from tkg.query.methods import METHODS
 from tkg.query.rerank import RERANKERS
 
@@ -55,40 +56,31 @@ class Part:
 
 @dataclass(frozen=True)
 class Recipe:
+    """A named search recipe; each knob is described, with its default, in
+    `pipeline.config.RecipeDefaults` (docs/config.md)."""
+
     name: str
     description: str
     facts: Part | None = None
     entities: Part | None = None
     communities: Part | None = None
     episodes: Part | None = None
-    provenance: bool = True  # the episodes list also cites the top facts' and entities' sources
-    # RRF weights, next to the episode methods' own, of the top facts' provenance and the top
-    # entities' latest mentions, fused into `episodes` in the same RRF as the episode hits.
-    # Weight 0 keeps the entities' mentions in the list but after everything else: with
-    # every list in one RRF, any positive weight lowered the corpus questions' recall@10
-    # (0.1: 0.878, 0.5: 0.866, 0: 0.902); the default's fusion "scores" weighs them 0.05.
-    provenance_weights: tuple[float, float] = (1.0, 0.0)
-    provenance_facts: int = 10  # top facts whose source episodes are fused into `episodes`
-    # Each turn scored with its neighbours before fusion (`rerank.turn_window`): max(own,
-    # before x previous turn's, after x next turn's score), per episode method; (0, 0): off.
-    turn_window: tuple[float, float] = (0.0, 0.0)
-    # Score factor of a turn spoken by someone else when the question names speakers of the
-    # groups (a question about Melanie's hobbies is answered by what Melanie said); 1: off.
-    other_speaker: float = 1.0
-    # Score factor of a turn spoken by a person the question names (above the turns of
-    # others that name them: "Hey Melanie!" is not Melanie's hobby); 1: off.
-    named_speaker: float = 1.0
-    # Score factor of episodes inside the windows of valid time the question's own words name
-    # ("in May 2023", "last year": `tkg.query.timewords`), when the caller set no valid-time
-    # filter; 1: off.
-    time_boost: float = 1.0
-    bfs_hops: int = 2
-    bfs_max_edges: int = 400  # edges expanded per hop: bounds a query on a hub entity
-    bfs_seeds: int = 5  # top hits of each kind whose entities seed the expansion
-    candidates: int = 40  # per method, before reranking
-    rrf_k: int = 60
-    cross_encoder_top: int = 20  # RRF's top candidates re-scored by the cross-encoder
-    mmr_lambda: float = 0.5
+    provenance: bool = RECIPE_DEFAULTS.provenance
+    provenance_weights: tuple[float, float] = RECIPE_DEFAULTS.provenance_weights
+    provenance_facts: int = RECIPE_DEFAULTS.provenance_facts
+    entity_provenance: int = RECIPE_DEFAULTS.entity_provenance
+    turn_window: tuple[float, float] = RECIPE_DEFAULTS.turn_window
+    other_speaker: float = RECIPE_DEFAULTS.other_speaker
+    named_speaker: float = RECIPE_DEFAULTS.named_speaker
+    time_boost: float = RECIPE_DEFAULTS.time_boost
+    bfs_hops: int = RECIPE_DEFAULTS.bfs_hops
+    bfs_max_edges: int = RECIPE_DEFAULTS.bfs_max_edges
+    bfs_seeds: int = RECIPE_DEFAULTS.bfs_seeds
+    conversation_episodes: int = RECIPE_DEFAULTS.conversation_episodes
+    candidates: int = RECIPE_DEFAULTS.candidates
+    rrf_k: int = RECIPE_DEFAULTS.rrf_k
+    cross_encoder_top: int = RECIPE_DEFAULTS.cross_encoder_top
+    mmr_lambda: float = RECIPE_DEFAULTS.mmr_lambda
 
 
 HYBRID = Part(("cosine", "bm25"), "rrf")
@@ -152,9 +144,7 @@ DEFAULT_FACTS = Part(("cosine", "bm25", "bfs", "linked"), "rrf", weights=(1.5, 1
 #   0.500; BM25 at 1.5 or 0.75: lower in replay.
 TURNS = Part(("cosine", "bm25"), "rrf", weights=(1.0, 1.0), candidates=100, unnamed=("cosine",),
              fusion="scores")
-DEFAULT_WEIGHING = {"provenance_facts": 10, "provenance_weights": (0.25, 0.05),
-                    "turn_window": (0.5, 0.5), "other_speaker": 0.5, "named_speaker": 1.5,
-                    "time_boost": 2.0, "rrf_k": 40}
+DEFAULT_WEIGHING = DefaultRecipeWeighing().model_dump()
 
 RECIPES: MappingProxyType[str, Recipe] = MappingProxyType({r.name: r for r in (
     Recipe("combined_hybrid_rrf", "facts, entities, communities and episodes: cosine + BM25 "

@@ -13,19 +13,18 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
+from tkg.pipeline.config import RECIPE_DEFAULTS, QueryConfig
 from tkg.pipeline.registry import Registry
-
-if TYPE_CHECKING:
-    from tkg.pipeline.config import QueryConfig
 
 K = TypeVar("K", bound=Hashable)
 UNREACHABLE = 1_000_000  # hop distance of a node the center cannot reach
 
 
-def rrf(lists: Sequence[Sequence[K]], k: int = 60, weights: Sequence[float] | None = None,
+def rrf(lists: Sequence[Sequence[K]], k: int = RECIPE_DEFAULTS.rrf_k,
+        weights: Sequence[float] | None = None,
         scores: Sequence[Sequence[float] | None] | None = None) -> list[tuple[K, float]]:
     """Reciprocal rank fusion: score(x) = sum_i w_i / (k + rank_i(x)), ranks from 1. With
     `scores` (per list, parallel to it, or None), keys a method scored equally (in float32)
@@ -92,7 +91,8 @@ def fused_lists(fusion: str, found: list[list[K]], scores: list[list[float] | No
             [1.0] + [weights[i] for i in rest])
 
 
-def mmr(query: np.ndarray, keys: Sequence[K], vectors: np.ndarray, lam: float = 0.5,
+def mmr(query: np.ndarray, keys: Sequence[K], vectors: np.ndarray,
+        lam: float = RECIPE_DEFAULTS.mmr_lambda,
         limit: int | None = None) -> list[tuple[K, float]]:
     """Maximal marginal relevance, greedy: each step takes the candidate maximising
     lam * cos(q, x) - (1 - lam) * max cos(x, chosen). `vectors[i]` belongs to `keys[i]`."""
