@@ -133,11 +133,10 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
     new_mentions = engine.map(ctx, new, facts.fact_mentions).materialize()
     tonight = subjects_in(engine.gather(ctx, new_mentions, ["group_id", "source_normalized"],
                                         what="tonight's fact subjects"))
-    ends = engine.gather(ctx, stored, ["source_entity_id", "target_entity_id"],
-                         what="stored fact endpoints")
-    rebuilt = changed | {source for source, target in zip(
-        ends["source_entity_id"].to_pylist(), ends["target_entity_id"].to_pylist(),
-        strict=True) if target in changed}
+    to_changed = engine.map(ctx, stored, in_set("target_entity_id", changed))  # the night's
+    rebuilt = changed | set(engine.gather(ctx, to_changed, ["source_entity_id"],
+                                          what="subjects of edges to changed entities")
+                            ["source_entity_id"].to_pylist())
     plain = tonight - rebuilt
     open_edges = engine.map(ctx, stored, open_versions).materialize()
     edges = [_rebuilt_edges(ctx, new_mentions, alias_map, names_of(rebuilt),
