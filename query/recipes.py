@@ -85,63 +85,17 @@ class Recipe:
 
 HYBRID = Part(("cosine", "bm25"), "rrf")
 HYBRID_BFS = Part(("cosine", "bm25", "bfs"), "rrf")
-# On LoCoMo (1,536 questions, embedded default) adding `linked` to the default's facts and
-# episodes raised evidence recall@10 from 0.585 to 0.598 (multi-hop 0.372 -> 0.381,
-# open-domain 0.310 -> 0.360, single-hop 0.651 -> 0.666, temporal 0.680 -> 0.679).
 LINKED_BFS = Part(("cosine", "bm25", "bfs", "linked"), "rrf")
-# The default's facts: cosine at 1.5 times the other methods' weight, so a fact that means
-# what the question asks ("activities" -> "signed up for a pottery class") outranks one that
-# only shares its words. LoCoMo evidence recall@10 (via the top facts' sources): multi-hop
-# 0.422 -> 0.429, temporal 0.766 -> 0.767, open-domain and single-hop unchanged, recall@1
-# 0.319 -> 0.321; corpus 0.941 unchanged. Weight 1.75 or 2: multi-hop 0.428-0.430 but the
-# corpus 0.929; bfs at 0.5 or linked at 1.5 beside it: the corpus 0.929 too.
-# Its cosine searches the question without the named speakers' names (`unnamed`; BM25 and
-# `linked` still find the facts that name them): LoCoMo 0.742 -> 0.745, multi-hop 0.489 ->
-# 0.490, temporal 0.788 -> 0.805, open-domain 0.456 -> 0.464, single-hop 0.841 -> 0.839;
-# corpus 0.941. BM25 too: LoCoMo 0.745 (multi-hop 0.494, open-domain 0.501), but "Marcus
-# Bell works as" then lost his current title in the corpus's top 5 facts.
+# The default's facts: cosine weighs 1.5 times the other methods, so a fact that means what
+# the question asks outranks one that only shares its words; cosine searches the question
+# without the named speakers' names (BM25 and `linked` still find the facts that name them).
+# Each choice measured in docs/retrieval-history.md.
 DEFAULT_FACTS = Part(("cosine", "bm25", "bfs", "linked"), "rrf", weights=(1.5, 1.0, 1.0, 1.0),
                      unnamed=("cosine",))
-# The default's episodes and how it fuses and weighs them, each chosen on LoCoMo (evidence
-# recall@10 over 1,536 questions, one store, replaying the search offline step by step;
-# figures cumulative unless marked alone; the corpus questions, tests/questions/corpus.jsonl,
-# checked each step):
-# - BM25 at twice cosine's weight (in RRF, before fusion "scores"): 0.633 -> 0.647 (MiniLM
-#   alone ranks turns below BM25: 0.453 vs 0.508).
-# - `linked` dropped from episodes once speakers are weighed (among one speaker's turns it
-#   is cosine again: 0.594 with it, 0.604 without).
-# - Every method's list scored with the neighbouring turns, turn_window (0.5, 0.5): 0.650 ->
-#   0.692 (single-hop 0.700 -> 0.768; 0.7 or 0.3 instead: within 0.01; summing instead of
-#   max scored 0.01 higher but cost a tenth of recall@1; smoothing the fused list instead of
-#   each method's: 0.684). It replaces fusing the turns next to the top 5 hits at weight 0.5,
-#   which pushed the best direct hit down (recall@1 0.248 -> 0.175).
-# - 100 candidates a method, so the window sees the hits' neighbours (40: 0.704, 100: 0.706,
-#   every turn: 0.710).
-# - other_speaker 0.5, alone: 0.602 -> 0.635 (0: 0.633); recall@1 0.275 -> 0.287. Turns
-#   that name a named person or thing are not weighed down: on the corpus, where colleagues
-#   speak about each other, weighing them down too cost 0.15 of recall@10.
-# - time_boost 2: 0.692 -> 0.710 (single-hop 0.768 -> 0.793, temporal 0.775 -> 0.790;
-#   1.5: 0.705, 3: 0.710).
-# - provenance_facts 10: 20 facts gave LoCoMo the same overall (0.699 vs 0.698) but cost
-#   the corpus 0.07 (0.929 -> 0.860): facts there cite many records each.
-# - rrf_k 40 (every kind's fusion): LoCoMo 0.713 -> 0.719, recall@1 0.321 -> 0.332 (k 20:
-#   0.718, 100: 0.704); corpus 0.929 -> 0.941 (k 20 and 30 the same).
-# - named_speaker 1.5: 0.706 -> 0.720 (multi-hop 0.429 -> 0.452, temporal 0.767 -> 0.790,
-#   open-domain 0.388 -> 0.402, single-hop 0.809 -> 0.818); 1.25: 0.718; 2: 0.720 but the
-#   corpus 0.941 -> 0.866. In LoCoMo 96% of the evidence turns of a question naming a
-#   speaker are that speaker's own.
-# - unnamed ("cosine",): 0.720 -> 0.742 (multi-hop 0.452 -> 0.489, open-domain 0.402 ->
-#   0.456, single-hop 0.818 -> 0.841, temporal 0.790 -> 0.788; recall@1 0.333 -> 0.348).
-#   BM25 unnamed too: LoCoMo 0.738 (multi-hop 0.500) but the corpus 0.941 -> 0.884, whose
-#   evidence includes others' turns that name the person ("Tom goes to Oak Park Primary").
-#   Records and documents keep the name: without that the corpus lost a CRM record (0.931).
-# - fusion "scores": cosine and BM25 summed by normalised score (weights 1 and 1) into one
-#   list that joins the sources in RRF, the top facts' at 0.25 and the entities' latest
-#   mentions at 0.05: 0.745 -> 0.767 (multi-hop 0.490 -> 0.511, temporal 0.805 -> 0.796,
-#   open-domain 0.464 -> 0.537, single-hop 0.839 -> 0.866; recall@1 0.349 -> 0.340). RRF
-#   of the ranks threw away how far ahead a clear cosine or BM25 winner was. Mentions at 0:
-#   the corpus lost a sales order at rank 10 (0.941 -> 0.929); facts at 1/3: multi-hop
-#   0.500; BM25 at 1.5 or 0.75: lower in replay.
+# The default's episodes: 100 candidates a method, so the turn window sees the hits'
+# neighbours; cosine and BM25 fused by normalised score, so a clear winner keeps its lead;
+# cosine without the named speakers' names (who spoke is the speaker factors' business).
+# Each choice measured in docs/retrieval-history.md.
 TURNS = Part(("cosine", "bm25"), "rrf", weights=(1.0, 1.0), candidates=100, unnamed=("cosine",),
              fusion="scores")
 DEFAULT_WEIGHING = DefaultRecipeWeighing().model_dump()
