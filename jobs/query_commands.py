@@ -26,14 +26,14 @@ def configured_query(path: str | None) -> QueryConfig | None:
 def _open(args: argparse.Namespace) -> Retriever:
     """The store's retriever with `--config`'s query section and `--cross-encoder`."""
     from tkg.pipeline import storage, store
-    from tkg.query.snapshot import snapshot_config
+    from tkg.query.snapshot import snapshot_query_config
 
     from tkg import query
 
     config = configured_query(args.config)
     if getattr(args, "cross_encoder", None):
         snapshot = store.current_snapshot(storage.location(args.store))
-        config = (config or snapshot_config(store.read_manifest(snapshot))).model_copy(
+        config = (config or snapshot_query_config(store.read_manifest(snapshot))).model_copy(
             update={"cross_encoder": args.cross_encoder})
     return query.open(args.store, config=config)
 

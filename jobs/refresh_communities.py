@@ -87,7 +87,7 @@ def _embed_names(rows: pa.Table, config: TkgConfig, dim: int) -> pa.Table:
 
 
 def snapshot_build_config(manifest: dict[str, Any]) -> TkgConfig:
-    """The build config the snapshot was built with (`query.snapshot.snapshot_config` is its
+    """The build config the snapshot was built with (`query.snapshot.snapshot_query_config` is its
     query config); if it no longer validates (built by an older
     version), the defaults with the snapshot's embedder, so names embed as its tables do."""
     from pydantic import ValidationError

@@ -36,7 +36,7 @@ from tkg.query.snapshot import (
     Snapshot,
     SnapshotHolder,
     open_snapshot,
-    snapshot_config,
+    snapshot_query_config,
 )
 
 # The public names: the retriever, and the hits it returns (`tkg.query.hits`).
@@ -95,7 +95,7 @@ class Retriever:
     @property
     def config(self) -> QueryConfig:
         if self._config is None:
-            self._config = snapshot_config(self.snapshot().manifest)
+            self._config = snapshot_query_config(self.snapshot().manifest)
         return self._config
 
     @property

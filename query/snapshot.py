@@ -210,7 +210,7 @@ def _unit_vectors(table: Any, rows: int) -> np.ndarray:
     return np.ascontiguousarray(vectors / np.where(norms > 0, norms, 1), dtype=np.float32)
 
 
-def snapshot_config(manifest: dict[str, Any]) -> QueryConfig:
+def snapshot_query_config(manifest: dict[str, Any]) -> QueryConfig:
     """The query section the snapshot was built with (defaults where it has none)."""
     try:
         return QueryConfig.model_validate((manifest.get("config") or {}).get("query") or {})
@@ -226,7 +226,7 @@ def open_snapshot(snapshot: Location, config: QueryConfig | None = None) -> Snap
     from lancedb.background_loop import LOOP
 
     manifest = store.read_manifest(snapshot)
-    config = config or snapshot_config(manifest)
+    config = config or snapshot_query_config(manifest)
     where = store.lance_dirs(snapshot, manifest)
     missing = sorted({str(d) for d in where.values() if not storage.exists(d)})
     if missing:
