@@ -47,8 +47,9 @@ def read_parquet_files(files: Sequence[str], columns: Sequence[str] | None = Non
 def from_tables(tables: Sequence[pa.Table]) -> MaterializedDataset:
     """`ray.data.from_arrow` of tables in this process, each one block, without its Ray task
     per block that reads the block's metadata back (about 0.1 s each on the loaded machine:
-    11 s of a 40 s incremental run). Uses Ray Data's own plan types (ray is pinned to
-    2.60.*, whose `from_arrow_refs` builds the same plan)."""
+    11 s of a 40 s incremental run). Uses Ray Data's own plan types, the plan that 2.60's
+    `from_arrow_refs` builds; tests/test_architecture.py pins the Ray version they were
+    checked against."""
     from ray.data._internal.logical.interfaces import LogicalPlan
     from ray.data._internal.logical.operators import FromArrow
     from ray.data._internal.stats import DatasetStats

@@ -514,7 +514,8 @@ def changed_entities(stored: pa.Table, alias_map: pa.Table) -> set[str]:
 # blocks its names fall in, plus every block of a stored pair it may drop (the pair may
 # still come from one of them). A pair between two unchanged names that a recomputed block
 # yields again keeps its stored row, an adjudicator's answer included: nothing is judged
-# twice. Stored pairs serve only a run under the same resolve settings (`stages._stored_pairs`).
+# twice. Stored pairs serve only a run under the same resolve settings
+# (`stages.resolve._stored_pairs`).
 
 
 def _name_keys_frame(keyed: pa.Table) -> pl.DataFrame:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -39,7 +39,6 @@ class Model:
     gpus: float = 0
     local: Callable[[], BatchFn] | None = None
     fixed_pool: bool = False
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 def model_actors(ctx: RunContext) -> dict[str, int]:
@@ -78,7 +77,7 @@ def over_rows(ctx: RunContext, ds: Dataset, model: Model) -> Dataset:
 
 
 def _on_actors(ctx: RunContext, rows: Dataset, count: int, model: Model) -> Dataset:
-    options: dict[str, Any] = {**model_actors(ctx), **model.options}
+    options: dict[str, Any] = model_actors(ctx)
     if model.gpus:
         options["num_gpus"] = model.gpus
     if model.batch_rows is not None:
