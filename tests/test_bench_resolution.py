@@ -55,10 +55,10 @@ class SharedPrefixJudge:
     """A rule judge: the same entity when the names share their first four letters."""
 
     def __init__(self) -> None:
-        self.calls: list[int] = []
+        self.calls: list[list[NamePair]] = []
 
     def same_entity(self, pairs):
-        self.calls.append(len(pairs))
+        self.calls.append(list(pairs))
         return [p.a[:4] == p.b[:4] or None for p in pairs]
 
 
@@ -75,10 +75,14 @@ def test_adjudicator_decides_only_undecided_pairs_in_batches():
     ], schema=resolve.PAIRS)
     judge = SharedPrefixJudge()
     judged, calls = adjudicate(pairs, judge, batch_size=2)
-    assert (calls, judge.calls) == (2, [2, 1])
+    # The judge is asked about the undecided pairs only, in batches, each with its group,
+    # names, evidence and score as the pairs table holds them.
+    assert calls == 2
+    assert judge.calls == [[NamePair("g", "acme", "acme labs", "embedding", 0.9),
+                            NamePair("g", "initech", "initrode", "embedding", 0.88)],
+                           [NamePair("g", "hooli", "pied piper", "embedding", 0.86)]]
     decided = {(r["a"], r["b"]): (r["evidence"], r["merge"]) for r in judged.to_pylist()}
     assert decided[("acme", "acme labs")] == ("llm", True)
     assert decided[("initech", "initrode")] == ("llm", True)
     assert decided[("hooli", "pied piper")] == ("embedding", False)  # None keeps apart
     assert decided[("globex", "globex corp")] == ("exact", True)
-    assert NamePair("g", "a", "b", "embedding", 0.9).a == "a"

@@ -10,21 +10,37 @@ import json
 from tkg.pipeline.config import QueryConfig
 
 
-def test_bench_query_reports_latency_figures(tmp_path):
+def _bench_query(*flags: str) -> dict:
     from tkg.jobs.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["bench", "query", "--facts", "2000", "--queries", "30", "--json",
-                     "--workdir", str(tmp_path / "bench")])
-    assert code == 0
-    figures = json.loads(out.getvalue())
-    assert figures["facts"] == 2000 and figures["entities"] == 400
-    assert figures["episodes"] == 500 and figures["queries"] == 30
-    assert figures["vector_index"] == {"facts": "exact", "entities": "exact",
-                                       "communities": "exact", "episodes": "exact"}
-    assert figures["p50_ms"] <= figures["p95_ms"] <= figures["p99_ms"]
-    assert figures["facts_per_query"] > 0
+        assert main(["bench", "query", "--json", *flags]) == 0
+    return json.loads(out.getvalue())
+
+
+def test_bench_query_figures_describe_the_store_it_timed(tmp_path):
+    """The row counts are the published store's (read back from its LanceDB tables), every
+    query of the workload finds a full page of facts in its group (so what is timed is a
+    real search, not an empty one), and --reuse times the kept store without rewriting it."""
+    import lancedb
+
+    workdir = tmp_path / "bench"
+    flags = ("--facts", "2000", "--queries", "30", "--workdir", str(workdir))
+    first = _bench_query(*flags)
+    db = lancedb.connect(workdir / "snapshots" / "bench-1" / "lance")
+    kinds = ("facts", "entities", "episodes", "communities")
+    stored = {kind: db.open_table(kind).count_rows() for kind in kinds}
+    assert {kind: first[kind] for kind in kinds} == stored
+    assert first["facts_per_query"] == QueryConfig().limit
+    assert first["reused_store"] is False and first["queries"] == 30
+
+    written = (workdir / "snapshots" / "bench-1" / "manifest.json").stat().st_mtime_ns
+    again = _bench_query(*flags, "--reuse")
+    assert again["reused_store"] is True and again["generate_s"] == 0.0
+    assert (workdir / "snapshots" / "bench-1" / "manifest.json").stat().st_mtime_ns == written
+    assert {kind: again[kind] for kind in kinds} == stored
+    assert again["facts_per_query"] == QueryConfig().limit
 
 
 def test_ivf_tables_answer_within_their_group(tmp_path):

@@ -42,8 +42,19 @@ def test_exact_count(n: int, groups: int) -> None:
     assert len(generate_episodes(n, seed=1, groups=groups)) == n
 
 
-def test_exact_count_default(records: list[dict]) -> None:
-    assert len(records) == N
+def test_contacts_change_jobs_and_cities_over_the_timeline(records: list[dict]) -> None:
+    """The world evolves (employer, city, title), so a contact's later records contradict its
+    earlier ones, as the facts a build must invalidate do; between changes the state holds."""
+    history: dict[tuple[str, str], list[tuple[str, ...]]] = defaultdict(list)
+    for r in records:
+        if r["kind"] == "json" and r["source"] == "crm.contacts":
+            d = r["data"]
+            history[(r["group_id"], d["contact_id"])].append(
+                (r["timestamp"], d["company"], d["city"], d["title"]))
+    steps = [a[1:] != b[1:] for states in history.values() for a, b in pairwise(sorted(states))]
+    changed = [key for key, states in history.items() if len({s[1:] for s in states}) > 1]
+    assert len(changed) >= len(history) // 4
+    assert 0 < sum(steps) < len(steps)  # states change, and hold between changes
 
 
 def test_deterministic(records: list[dict]) -> None:
