@@ -100,7 +100,27 @@ def test_report_without_snapshot(tmp_path, capsys):
     assert "no published snapshot" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("values", [[1.0, 2.5], [0.0]])
-def test_bar_chart_is_inline_png(values):
-    img = report.bar_chart([str(i) for i in range(len(values))], values, "t")
+def _bar_widths(img: str) -> list[int]:
+    """The width in pixels of each bar of an inline chart, top to bottom."""
+    import base64
+    import io
+
+    import numpy as np
+    from matplotlib import image
+
+    data = base64.b64decode(img.split("base64,", 1)[1].split('"', 1)[0])
+    pixels = image.imread(io.BytesIO(data), format="png")[..., :3]
+    bar = np.all(np.abs(pixels - np.array([0x4C, 0x72, 0xB0]) / 255) < 0.02, axis=2)
+    rows = np.flatnonzero(bar.any(axis=1))
+    bands = np.split(rows, np.flatnonzero(np.diff(rows) > 1) + 1) if rows.size else []
+    return [int(bar[band].sum(axis=1).max()) for band in bands]
+
+
+def test_bar_chart_draws_its_values_in_order():
+    """An inline PNG with one bar per label, the first label on top, lengths in proportion
+    to the values; a chart of zeros draws no bar."""
+    img = report.bar_chart(["first", "second"], [1.0, 2.5], "t")
     assert img.startswith('<img alt="chart" src="data:image/png;base64,iVBOR')
+    first, second = _bar_widths(img)
+    assert second / first == pytest.approx(2.5, rel=0.05)
+    assert _bar_widths(report.bar_chart(["0"], [0.0], "t")) == []

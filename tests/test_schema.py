@@ -3,24 +3,48 @@ import pytest
 from tkg.pipeline import schema
 
 
-@pytest.mark.parametrize("name", list(schema.PUBLISHED))
-def test_every_published_table_is_partitionable_by_group(name):
-    table_schema = schema.PUBLISHED[name](384)
-    if name != "runs":
-        assert table_schema.field("group_id").type == pa.string()
+@pytest.mark.parametrize("name", [n for n in schema.PUBLISHED if n != "runs"])
+def test_every_published_table_is_stored_one_folder_per_group(name, tmp_path):
+    """A reader scoped to its groups reads only their folders: every published table but
+    `runs` is written under `group_id=<g>/` and reads back whole."""
+    from tkg.pipeline import store
+
+    table_schema = schema.PUBLISHED[name](4)
+    rows = pa.table({"group_id": ["a", "b", "a"]})
+    assert store.write_table(rows, tmp_path / name, table_schema) == 3
+    folders = sorted(p.name for p in (tmp_path / name).iterdir() if p.is_dir())
+    assert folders == ["group_id=a", "group_id=b"]
+    back = store.read_table(tmp_path, name, table_schema, ["group_id"])
+    assert sorted(back["group_id"].to_pylist()) == ["a", "a", "b"]
 
 
-def test_vector_width_comes_from_the_embedder():
-    for dim in (8, 384, 1024):
-        assert schema.entities(dim).field("name_embedding").type == pa.list_(pa.float32(), dim)
-        assert schema.facts(dim).field("fact_embedding").type.list_size == dim
-        assert schema.episodes(dim).field("content_embedding").type.list_size == dim
+@pytest.mark.parametrize("dim", [8, 384])
+def test_vectors_are_as_wide_as_the_embedder_and_no_other(dim):
+    """The embedder's width is the schema's: a vector of that width is kept as written, one
+    of another width is refused rather than stored beside the others."""
+    for make, column in ((schema.entities, "name_embedding"), (schema.facts, "fact_embedding"),
+                         (schema.episodes, "content_embedding")):
+        vector = [float(i) for i in range(dim)]
+        out = schema.conform(pa.table({column: [vector]}), make(dim))
+        assert out[column].to_pylist() == [vector]
+        with pytest.raises(pa.ArrowInvalid):
+            schema.conform(pa.table({column: [[*vector, 0.0]]}), make(dim))
 
 
-def test_facts_carry_both_timelines_and_versions():
-    names = set(schema.facts(4).names)
-    assert {"valid_at", "invalid_at", "created_at", "expired_at", "version",
-            "invalidated_by", "episode_ids"} <= names
+def test_facts_keep_both_timelines_and_versions_through_a_write(tmp_path):
+    from datetime import UTC, datetime, timedelta, timezone
+
+    from tkg.pipeline import store
+
+    paris = timezone(timedelta(hours=2))
+    row = {"edge_id": "x", "group_id": "g", "version": 2, "episode_ids": ["e1", "e2"],
+           "valid_at": datetime(2024, 6, 1, 2, tzinfo=paris),
+           "invalid_at": datetime(2024, 9, 1, tzinfo=UTC),
+           "created_at": datetime(2024, 10, 1, tzinfo=UTC),
+           "expired_at": datetime(2024, 11, 1, tzinfo=UTC), "invalidated_by": "y"}
+    store.write_table(pa.Table.from_pylist([row]), tmp_path / "facts", schema.facts(4))
+    back = store.read_table(tmp_path, "facts", schema.facts(4), list(row)).to_pylist()
+    assert back == [{**row, "valid_at": datetime(2024, 6, 1, tzinfo=UTC)}]
 
 
 def test_conform_selects_casts_and_fills():
