@@ -92,7 +92,8 @@ class LimitsConfig(_Section):
 
     max_line_bytes: int = 1_000_000
     max_content_chars: int = 100_000
-    max_json_depth: int = 32
+    max_json_depth: int = Field(32, description="nesting levels a JSON record may have; a deeper "
+                                "one is rejected")
     reject_payload_chars: int = 1_000
     min_free_mb: int = Field(256, ge=0, description="free disk a build needs besides its data")
     free_space_per_input_byte: float = Field(
@@ -106,7 +107,9 @@ class ExtractConfig(_Section):
     context_messages: int = Field(4, ge=0, description="previous messages given as context")
     batch_size: int = 256
     actors: int | None = Field(None, description="extractor actors; null = one per CPU")
-    max_json_depth: int = Field(3, description="nesting levels of a JSON record mapped to facts")
+    record_fact_depth: int = Field(
+        3, description="nesting levels of a JSON record mapped to facts (deeper values stay in "
+        "the entity's attributes); not `limits.max_json_depth`, beyond which a record is rejected")
     max_entity_words: int = 8
     chunk_rows: int = Field(
         50_000, ge=1, description="episodes per resumable chunk: a resumed run skips finished ones"

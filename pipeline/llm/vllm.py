@@ -166,7 +166,7 @@ def vllm_extract(episodes, config: TkgConfig, processor: Callable | None = None)
     """Episodes dataset -> extractions dataset: kinds with a fixed mapping (records) mapped,
     the others through the engine, failed answers through it once more with the error."""
     processor = processor or build_extract_processor(config)
-    depth = config.extract.max_json_depth
+    depth = config.extract.record_fact_depth
     records = episodes.filter(lambda r: not _by_model(r)).map_batches(
         mapped_rows, batch_format="pyarrow", fn_args=(depth,))
     texts = episodes.filter(_by_model).select_columns(list(EPISODE_COLUMNS))
