@@ -261,9 +261,15 @@ def _moment(text: str | None) -> datetime | None:
 @pytest.mark.parametrize("as_of", AS_OF, ids=lambda t: t.date().isoformat())
 def test_answers_at_a_time_are_about_that_time(corpus_retriever, as_of):
     """Every fact shown at T holds at T, no summary written later is shown, no line says
-    "present" for a fact a later value of its relation replaced, no sentence twice."""
+    "present" for a fact a later value of its relation replaced, no sentence twice; and the
+    search at T answers (the checks below hold for an empty answer too): Daniel Okafor lived
+    in Berlin until the summer of 2024 (2024-06-01), in Paris since."""
     from tkg.query.context import build_context
 
+    lives = corpus_retriever.search(QUESTIONS[0], ["acme"], as_of=as_of, limit=20).facts
+    city = "Berlin" if as_of < datetime(2024, 6, 1, tzinfo=UTC) else "Paris"
+    assert any(f.relation == "LIVES_IN" and city in f.fact for f in lives), (
+        as_of, [f.fact for f in lives])
     for question in QUESTIONS:
         for group in ("acme", "household"):
             result = corpus_retriever.search(question, [group], as_of=as_of, limit=20)
