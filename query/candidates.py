@@ -131,6 +131,7 @@ class OneSearch:
         return found[:len(wanted)]
 
     def result(self) -> SearchResult:
+        """Each kind's lists, fused by its part, reranked, cut to the limit, as hits."""
         parts = {k: getattr(self.recipe, k) for k in KINDS if getattr(self.recipe, k)}
         found = self._found(parts)
         for kind, part in parts.items():
