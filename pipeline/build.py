@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 import ray.data
+from ray.data import Dataset
 from tkg.pipeline import (
     engine,
     faults,
@@ -109,10 +110,13 @@ def init_ray(config: TkgConfig) -> int:
     return cpus
 
 
-def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Location]) -> dict[str, int]:
-    """One attempt at a stage: read its inputs, run it, write its outputs; rows per output."""
+def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Location],
+               given: Mapping[str, Dataset]) -> dict[str, int]:
+    """One attempt at a stage: read its inputs (`given` ones as they are), run it, write its
+    outputs; rows per output."""
     driver_bytes = engine.policy(ctx).driver_bytes
-    inputs = {name: outputs.read([done[name]], driver_bytes) for name in stage.inputs}
+    inputs = {name: given[name] if name in given else outputs.read([done[name]], driver_bytes)
+              for name in stage.inputs}
     inputs = faults.worker_inputs(stage.name, inputs, ctx.work_dir)
     faults.hit("stage_error", stage.name)
     results = stage.compute(ctx, inputs)
@@ -123,11 +127,13 @@ def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Location]) -> dict
     return rows
 
 
-def run_stages(ctx: RunContext) -> dict[str, float]:
-    """Run each stage not already finished in the work dir; returns seconds per stage."""
+def run_stages(ctx: RunContext, stages: Sequence[Stage] = STAGES,
+               given: Mapping[str, Dataset] | None = None) -> dict[str, float]:
+    """Run each of `stages` not already finished in the work dir; returns seconds per stage.
+    `given`: inputs from outside the run (a community refresh: a snapshot's tables)."""
     seconds: dict[str, float] = {}
     done: dict[str, Location] = {}
-    for stage in STAGES:
+    for stage in stages:
         stage_dir = storage.join(ctx.work_dir, stage.name)
         record = outputs.finished(stage_dir)
         if record is not None:
@@ -138,8 +144,8 @@ def run_stages(ctx: RunContext) -> dict[str, float]:
             continue
         started = time.perf_counter()
         before = dict(ctx.counters)
-        rows = reliability.run_stage(stage.name, ctx,
-                                     lambda stage=stage: _run_stage(ctx, stage, done))
+        rows = reliability.run_stage(
+            stage.name, ctx, lambda stage=stage: _run_stage(ctx, stage, done, given or {}))
         seconds[stage.name] = round(time.perf_counter() - started, 3)
         outputs.mark_finished(stage_dir, {"seconds": seconds[stage.name], "rows": rows,
                                           "counters": ctx.counted_since(before)})
@@ -176,8 +182,7 @@ def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
             started_at: datetime) -> BuildResult:
     """Publish the run's outputs as a snapshot (`store.publish`), CURRENT switched last."""
     out = ctx.outputs
-    tables = {table: _writer(out[work], _published_schema(work, table, ctx.dim))
-              for work, table in PUBLISH.items()}
+    tables = stage_writers(ctx, PUBLISH)
     rejects = {name: store.read_table(storage.join(out[name], ".."), storage.name(out[name]),
                                       schema.REJECTS) for name in REJECT_OUTPUTS}
     every_reject = pa.concat_tables([
@@ -185,26 +190,43 @@ def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
         store.read_table(ctx.previous, "rejects", schema.REJECTS) if ctx.previous
         else schema.REJECTS.empty_table()])
     tables[REJECTS] = table_writer(every_reject, schema.REJECTS)
-
-    def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
-        summary = _summary(ctx, store_dir, done, rejects, seconds)
-        manifest = {
-            "run_id": ctx.run_id, "created_at": ctx.created_at.isoformat(),
-            "config_hash": ctx.config.fingerprint(), "config": ctx.config.model_dump(),
-            "embedding": {"model": ctx.config.embed.model, "dim": ctx.dim},
-            "inputs": [str(f) for f in ctx.files], "tables": done.rows, "summary": summary,
-            "retrieval": done.retrieval, "schema_version": 1,
-        }
-        return manifest, run_row(
-            summary, ctx.config, started_at, inputs=[str(f) for f in ctx.files],
-            stage_seconds=list(summary["seconds"].items()),
-            llm_prompt_tokens=summary["llm_prompt_tokens"],
-            llm_completion_tokens=summary["llm_completion_tokens"])
-
-    manifest = store.publish(store_dir, ctx.run_id, tables, previous=ctx.previous, dim=ctx.dim,
-                             query=ctx.config.query, describe=describe, grown=CARRIED)
+    manifest = publish_run(
+        ctx, store_dir, tables, started_at,
+        lambda done: _summary(ctx, store_dir, done, rejects, seconds),
+        {"embedding": {"model": ctx.config.embed.model, "dim": ctx.dim},
+         "inputs": [str(f) for f in ctx.files], "schema_version": 1}, grown=CARRIED)
     return BuildResult(summary=manifest["summary"],
                        snapshot=store.snapshot_dir(store_dir, ctx.run_id))
+
+
+def stage_writers(ctx: RunContext, publishes: Mapping[str, str]) -> dict[str, store.TableWriter]:
+    """Published table -> its writer, for each finished output -> table of `publishes`."""
+    return {table: _writer(ctx.outputs[work], _published_schema(work, table, ctx.dim))
+            for work, table in publishes.items()}
+
+
+def publish_run(ctx: RunContext, store_dir: Location, tables: Mapping[str, store.TableWriter],
+                started_at: datetime, summarize: Callable[[store.Published], dict[str, Any]],
+                manifest: dict[str, Any], *, grown: Sequence[str] = (),
+                kept: Sequence[str] = ()) -> dict[str, Any]:
+    """`store.publish` of a run, a build or a community refresh: its manifest is `manifest`
+    (what the caller adds) with the run's fields over it, its `runs` row is the summary's;
+    returns the manifest."""
+
+    def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
+        summary = summarize(done)
+        return {
+            **manifest, "run_id": ctx.run_id, "created_at": ctx.created_at.isoformat(),
+            "config_hash": ctx.config.fingerprint(), "config": ctx.config.model_dump(),
+            "tables": {**manifest.get("tables", {}), **done.rows}, "summary": summary,
+            "retrieval": done.retrieval,
+        }, run_row(summary, ctx.config, started_at, inputs=[str(f) for f in ctx.files],
+                   stage_seconds=list(summary["seconds"].items()),
+                   llm_prompt_tokens=summary["llm_prompt_tokens"],
+                   llm_completion_tokens=summary["llm_completion_tokens"])
+
+    return store.publish(store_dir, ctx.run_id, tables, previous=ctx.previous, dim=ctx.dim,
+                         query=ctx.config.query, describe=describe, grown=grown, kept=kept)
 
 
 def _published_schema(work: str, table: str, dim: int) -> pa.Schema:
@@ -235,7 +257,16 @@ def _summary(ctx: RunContext, store_dir: Location, done: store.Published,
         "missing_timezone": counters.get("missing_timezone", 0),
         "ambiguous_pairs": counters.get("ambiguous_pairs", 0),
         "episodes": rows["episodes"], "entities": rows["entities"], "mentions": rows["mentions"],
-        **_fact_counts(done),
+        **_fact_counts(done), **run_figures(ctx, done, seconds),
+    }
+
+
+def run_figures(ctx: RunContext, done: store.Published, seconds: dict[str, float]
+                ) -> dict[str, Any]:
+    """What every run's summary ends with, a build's or a community refresh's: the
+    snapshot's communities, the run's LLM use and seconds per stage and to publish."""
+    counters, rows = ctx.counters, done.rows
+    return {
         "communities": rows["communities"],
         "communities_extended": counters.get("communities_extended", 0),
         **llm_summary(counters, rows["episodes"]),
@@ -268,7 +299,7 @@ def run_row(summary: dict[str, Any], config: TkgConfig, started_at: datetime, *,
 
 
 def table_writer(table: pa.Table, table_schema: pa.Schema) -> store.TableWriter:
-    """Publish a table made in this process (rejects, refreshed communities)."""
+    """Publish a table made in this process (the rejects)."""
     return lambda target: store.write_table(table, target, table_schema)
 
 
@@ -291,16 +322,24 @@ def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
     started_at = store.now()
     run_id = run_id or new_run_id(started_at, files)
     reliability.preflight(store_dir, files, config)  # disk and permissions, before any work
+    ctx = run_context(config, store_dir, run_id, files, started_at)
+    seconds = run_stages(ctx)
+    with reliability.publishing(store_dir, run_id):
+        return publish(ctx, store_dir, seconds, started_at)
+
+
+def run_context(config: TkgConfig, store_dir: Location, run_id: str, files: list[Path],
+                started_at: datetime, dim: int | None = None) -> RunContext:
+    """The context of run `run_id` on the store's current snapshot, Ray started. A resumed
+    run keeps its transaction time and builds on the same snapshot. `dim`: the vectors'
+    width when already known (a snapshot's), else the embedder's."""
     work = store.work_dir(store_dir, run_id)
-    # A resumed run keeps its transaction time and builds on the same snapshot.
     created_at = datetime.fromisoformat(
         _remembered(storage.join(work, "created_at"), started_at.isoformat))
     previous_run = _remembered(storage.join(work, "previous"),
                                lambda: store.current_run(store_dir) or "")
     previous = store.snapshot_dir(store_dir, previous_run) if previous_run else None
     cpus = init_ray(config)
-    ctx = RunContext(config=config, run_id=run_id, created_at=created_at, files=files,
-                     work_dir=work, dim=embedding_dim(config), cpus=cpus, previous=previous)
-    seconds = run_stages(ctx)
-    with reliability.publishing(store_dir, run_id):
-        return publish(ctx, store_dir, seconds, started_at)
+    return RunContext(config=config, run_id=run_id, created_at=created_at, files=files,
+                      work_dir=work, dim=dim or embedding_dim(config), cpus=cpus,
+                      previous=previous)

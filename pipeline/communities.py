@@ -199,10 +199,16 @@ def members_of(assign: np.ndarray) -> list[np.ndarray]:
 def previous_assignment(graph: Graph, members: pa.Table) -> tuple[np.ndarray, list[str]]:
     """Previous communities as a cluster index per vertex, and the id of each cluster
     (sorted by id). Members that are no longer entities of the group are dropped."""
-    assign = np.full(graph.n, -1, dtype=np.int64)
+    return _assignment(graph.entity_ids, members)
+
+
+def _assignment(entity_ids: pa.Array, members: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """Communities (`members`) as a cluster index per entity of `entity_ids` (-1: in none)
+    and the id of each cluster (sorted by id); members outside `entity_ids` are dropped."""
+    assign = np.full(len(entity_ids), -1, dtype=np.int64)
     if members.num_rows == 0:
         return assign, []
-    vertex = _vertices(members["entity_id"], graph.entity_ids)
+    vertex = _vertices(members["entity_id"], entity_ids)
     known = vertex >= 0
     community = np.asarray(members["community_id"].to_pylist(), dtype=object)[known]
     ids = sorted(set(community.tolist()))
@@ -650,7 +656,53 @@ def member_rows(rows: pa.Table) -> pa.Table:
     }, schema=schema.COMMUNITY_MEMBERS)
 
 
+# --- the drift of a refresh ---------------------------------------------------------------
+
+
+def _numbered_by_first_vertex(assign: np.ndarray) -> np.ndarray:
+    """`assign` with its clusters numbered by their smallest vertex, as `clusters` numbers
+    a fresh partition (the drift figures then match those of the partition as computed)."""
+    inside = np.flatnonzero(assign >= 0)
+    _, first, inverse = np.unique(assign[inside], return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    numbered = np.full(len(assign), -1, dtype=np.int64)
+    numbered[inside] = rank[np.asarray(inverse).ravel()]
+    return numbered
+
+
+def refresh_drift(entities: pa.Table, before: tuple[pa.Table, pa.Table],
+                  after: tuple[pa.Table, pa.Table]) -> dict[str, object]:
+    """How far a refresh moved the communities: per group of `entities` (entity_id,
+    group_id) its communities before and after and the `drift` of its entities' partition,
+    and the `drift` over all groups. `before`, `after`: (communities, community_members)
+    of every group, as published; each group's vertices are its entities sorted by id,
+    as `build_graph` orders them."""
+    def of(table: pa.Table, group: str) -> pa.Table:
+        return table.filter(pc.equal(table["group_id"], group))
+
+    report: dict[str, object] = {}
+    old_all, new_all, offset = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], 0
+    for group in sorted(pc.unique(entities["group_id"]).drop_null().to_pylist()):
+        ids = of(entities, group).sort_by("entity_id")["entity_id"].combine_chunks()
+        old, _ = _assignment(ids, of(before[1], group))
+        new = _numbered_by_first_vertex(_assignment(ids, of(after[1], group))[0])
+        report[group] = {"communities_before": of(before[0], group).num_rows,
+                         "communities": of(after[0], group).num_rows, **drift(old, new)}
+        old_all.append(np.where(old >= 0, old + offset, -1))
+        new_all.append(np.where(new >= 0, new + offset, -1))
+        offset += len(ids)
+    return {"groups": report,
+            "overall": drift(np.concatenate(old_all), np.concatenate(new_all))}
+
+
 # --- Ray stage helpers: every group's inputs in one shuffle -------------------------------
+
+
+def input_columns(table_schema: pa.Schema) -> list[str]:
+    """The columns of a table that `input_rows` reads (no vectors: less to read)."""
+    wanted = {*schema.COMMUNITY_INPUT.names, "episode_ids"}
+    return [name for name in table_schema.names if name in wanted]
 
 
 def input_rows(batch: pa.Table, kind: str) -> pa.Table:

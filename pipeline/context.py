@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -87,3 +87,8 @@ class Stage:
         if ctx.previous is not None and self.update is not None:
             return self.update(ctx, inputs)
         return self.run(ctx, inputs)
+
+    def in_full(self) -> Stage:
+        """This stage computing in full even on top of a snapshot (`run`, never `update`): a
+        community refresh reruns the communities stage over the current snapshot."""
+        return replace(self, update=None)

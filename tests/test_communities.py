@@ -320,30 +320,66 @@ def test_corpus_communities_are_consistent_and_within_their_group(corpus_build, 
     assert vectors == 0  # every name embedded (searchable)
 
 
-def snapshot_tables(snapshot: Path) -> dict[str, pa.Table]:
-    from tkg.jobs.refresh_communities import INPUT_COLUMNS, read_table
+def test_refresh_drift_from_the_tables_is_that_of_the_computed_partitions():
+    """`refresh_drift` reads the partitions off the before and after tables; its figures are
+    those of the assignments label propagation computed, per group and over all, exactly."""
+    before = refresh(graph_of(tables([*clique("a", 5), *clique("b", 5)])))
+    moved = [e for e in clique("a", 5) if "a4" not in e] + [("a9", f"a{i}") for i in range(4)]
+    now = {"g": tables([*moved, *clique("b", 5), *[("a4", f"b{i}") for i in range(5)]]),
+           "h": tables(clique("c", 4))}
+    results = {
+        "g": refresh(graph_of(now["g"]), as_previous(before)),
+        "h": refresh(C.build_graph("h", now["h"]["entities"], now["h"]["facts"],
+                                   now["h"]["mentions"], CONFIG)),  # nothing before
+    }
+    entities = pa.concat_tables([
+        t["entities"].select(["entity_id"]).append_column(
+            "group_id", pa.array([g] * t["entities"].num_rows, pa.string()))
+        for g, t in now.items()])
+    after = pa.concat_tables([r.rows for r in results.values()])
+    report = C.refresh_drift(entities, (before.rows, C.member_rows(before.rows)),
+                             (after, C.member_rows(after)))
+    offset = np.array([0, results["g"].graph.n])
+    shifted = {name: np.concatenate([np.where(getattr(r, name) >= 0, getattr(r, name) + o, -1)
+                                     for r, o in zip(results.values(), offset, strict=True)])
+               for name in ("previous_assign", "assign")}
+    assert report == {
+        "groups": {g: {"communities_before": before.rows.num_rows if g == "g" else 0,
+                       "communities": r.rows.num_rows, **C.drift(r.previous_assign, r.assign)}
+                   for g, r in results.items()},
+        "overall": C.drift(shifted["previous_assign"], shifted["assign"])}
+    assert report["groups"]["g"]["nmi"] < 1.0 and report["groups"]["h"]["nmi"] is None
 
-    return {name: read_table(snapshot, name) for name in INPUT_COLUMNS}
 
+def test_corpus_refresh_gives_identical_communities(corpus_build, tmp_path):
+    """The refresh (the communities stage's full run over the published tables) gives the
+    build's communities exactly: same ids, members, names and summaries; no drift. Twice:
+    a refresh of a refreshed snapshot too."""
+    import shutil
 
-def test_corpus_rerun_gives_identical_communities(corpus_build):
-    """Label propagation again over the published tables (the refresh job's path) gives the
-    stage's communities exactly: same ids, members, names and summaries; no drift."""
-    from tkg.jobs.refresh_communities import refresh_tables
-    from tkg.pipeline.config import TkgConfig
+    from tkg.jobs.refresh_communities import refresh_store
 
-    tables = snapshot_tables(corpus_build.snapshot)
-    columns = ["community_id", "group_id", "name", "summary", "size", "members"]
-    published = pq.read_table(corpus_build.snapshot / "communities", partitioning=None)
-    for _ in range(2):
-        rows, report = refresh_tables(tables, TkgConfig(), NOW)
-        assert report["overall"]["nmi"] == 1.0 and report["overall"]["ari"] == 1.0
-        assert rows.select(columns[:5]).sort_by("community_id").equals(
-            schema.conform(published, rows.schema).select(columns[:5]).sort_by("community_id"))
-    members = {(r["community_id"], e) for r in rows.to_pylist() for e in r["members"]}
-    stored = pq.read_table(corpus_build.snapshot / "community_members", partitioning=None)
-    assert members == set(zip(stored["community_id"].to_pylist(),
-                              stored["entity_id"].to_pylist(), strict=True))
+    copy = tmp_path / "store"
+    shutil.copytree(corpus_build.snapshot.parents[1], copy, copy_function=os.link,
+                    ignore=shutil.ignore_patterns("work"))
+    columns = ["community_id", "group_id", "name", "summary", "size"]
+
+    def published(snapshot: Path, table: str, columns: list[str]) -> pa.Table:
+        files = sorted(snapshot.glob(f"{table}/**/*.parquet"))
+        return pa.concat_tables(pq.read_table(f, columns=columns, partitioning=None)
+                                for f in files).sort_by(columns[0])
+
+    built = corpus_build.snapshot
+    for run in ("refresh-1", "refresh-2"):
+        summary = refresh_store(copy, run_id=run)
+        assert summary["drift"]["nmi"] == 1.0 and summary["drift"]["ari"] == 1.0
+        snapshot = copy / "snapshots" / run
+        assert published(snapshot, "communities", columns).equals(
+            published(built, "communities", columns))
+        members = ["community_id", "entity_id", "group_id"]
+        assert sorted(published(snapshot, "community_members", members).to_pylist(),
+                      key=str) == sorted(published(built, "community_members", members
+                                                   ).to_pylist(), key=str)
 
 
 def test_refresh_job_publishes_a_new_snapshot(corpus_build, tmp_path):

@@ -11,14 +11,26 @@ from tkg.pipeline.llm.usage import take_usage
 from tkg.pipeline.stages.common import embed_column, previous_table
 
 
-def communities_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
-    """Label propagation per group (shuffled by group, one call per block). Incremental runs
-    extend the previous snapshot's communities (communities.refresh: "always" reruns it)."""
-    config = ctx.config.communities
+def communities_run(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Label propagation over every group; ids matched against the previous snapshot's
+    communities when there is one (a community refresh: `tkg communities refresh`)."""
+    return _communities(ctx, inputs, "refresh")
+
+
+def communities_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """An incremental run extends the previous snapshot's communities
+    (`communities.refresh: always` reruns label propagation instead)."""
+    return _communities(ctx, inputs,
+                        "extend" if ctx.config.communities.refresh == "extend" else "refresh")
+
+
+def _communities(ctx: RunContext, inputs: dict[str, Dataset], mode: str
+                 ) -> dict[str, Dataset]:
+    """Label propagation per group or extension (`mode`), shuffled by group, one call per
+    block."""
     parts = [engine.map(ctx, inputs[name], communities.input_rows, kind)
              for name, kind in (("entities_embedded", "entity"), ("facts_versioned", "fact"),
                                 ("mentions", "mention"))]
-    mode = "extend" if ctx.previous is not None and config.refresh == "extend" else "refresh"
     for table, kind in (("communities", "community"), ("community_members", "member")):
         stored = previous_table(ctx, table)
         if stored is not None:  # a refresh matches ids against them
@@ -36,7 +48,7 @@ def communities_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, 
 
 
 STAGE = Stage("communities", ("entities_embedded", "facts_versioned", "mentions"),
-              ("community_rows", "communities", "community_members"), communities_stage,
-              state=("communities", "community_members"),
+              ("community_rows", "communities", "community_members"), communities_run,
+              update=communities_update, state=("communities", "community_members"),
               publishes=(Publish("communities", "communities"),
                          Publish("community_members", "community_members")))
