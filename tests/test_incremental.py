@@ -131,13 +131,23 @@ def test_a_change_ends_a_fact_stored_three_runs_earlier(runs):
 
 
 def test_a_later_run_extends_stored_subjects_from_their_stored_edges(runs):
-    """Subjects of a later run's facts that kept their names are extended from their stored
-    edges (not rebuilt from every earlier mention), and the answers above still equal one
-    run over everything."""
-    parts, _ = runs
-    marker = Path(parts[-1].summary["store"]) / "work" / "run-4" / "facts" / "_SUCCESS.json"
-    counters = json.loads(marker.read_text())["counters"]
-    assert counters.get("facts_subjects_extended", 0) > 0, counters
+    """Daniel Okafor kept his names, so run 4 extends his stored edges with the night's (not
+    rebuilt from every earlier mention): his stored Berlin edge meets the new Paris one and
+    ends where it begins, each with its own episode, as one run over everything gives."""
+    from datetime import date
+
+    parts, whole = runs
+    edges = """
+        SELECT t.name, f.relation, CAST(f.valid_at AS DATE), CAST(f.invalid_at AS DATE),
+               (SELECT list(e.source_id) FROM episodes e
+                WHERE list_contains(f.episode_ids, e.episode_id)),
+               f.invalidated_by = (SELECT edge_id FROM facts_current WHERE fact LIKE '%Paris%')
+        FROM facts_current f JOIN entities s ON s.entity_id = f.source_entity_id
+        JOIN entities t ON t.entity_id = f.target_entity_id WHERE s.name = 'Daniel Okafor'"""
+    got = _rows(parts[-1].snapshot, edges)
+    assert got == [("Berlin", "LIVES_IN", date(2024, 1, 10), date(2024, 6, 1), ["m1"], True),
+                   ("Paris", "LIVES_IN", date(2024, 6, 1), None, ["m6"], None)], got
+    assert got == _rows(whole.snapshot, edges)
 
 
 def test_unchanged_texts_keep_their_vectors(runs):
@@ -169,17 +179,29 @@ def test_changed_entities_are_those_whose_names_differ():
 
 
 def test_stored_pairs_serve_only_the_same_resolve_settings(ray_session, config, tmp_path):
-    """A run under other resolve settings decides every block again; the next run under
-    those settings keeps what that one decided."""
+    """A run under other resolve settings decides every block again: Sofia and Sopia Moreno
+    (one edit apart: a spelling variant at the default similarity, not at 0.95), one entity
+    after a default run, are two after a run under 0.95, as one run over everything under
+    0.95 has them; the next run under those settings keeps what that one decided."""
     def recomputed_blocks(run_id: str) -> int | None:
         marker = tmp_path / "store" / "work" / run_id / "resolve" / "_SUCCESS.json"
         return json.loads(marker.read_text())["counters"].get("resolve_blocks_recomputed")
 
+    def morenos(result: BuildResult) -> list[tuple]:
+        return _rows(result.snapshot, "SELECT alias, entity_id FROM entity_aliases "
+                     "WHERE alias LIKE 'So%a Moreno'")
+
     stricter = config.model_copy(update={
         "resolve": config.resolve.model_copy(update={"min_similarity": 0.95})})
-    for run_id, settings, records in (("a", config, (BERLIN, SOFIA)), ("b", stricter, (ACME,)),
-                                      ("c", stricter, (PARIS,))):
-        build(settings, [_write(tmp_path / run_id, records)], tmp_path / "store",
-              run_id=run_id)
+    a, b, c = (build(settings, [_write(tmp_path / run_id, records)], tmp_path / "store",
+                     run_id=run_id)
+               for run_id, settings, records in (("a", config, (SOFIA, SOPIA)),
+                                                 ("b", stricter, (ACME,)),
+                                                 ("c", stricter, (PARIS,))))
+    at_once = build(stricter, [_write(tmp_path / "all", (SOFIA, SOPIA, ACME, PARIS))],
+                    tmp_path / "at_once", run_id="all")
+    assert len({entity for _, entity in morenos(a)}) == 1, morenos(a)
+    assert len({entity for _, entity in morenos(at_once)}) == 2, morenos(at_once)
+    assert morenos(b) == morenos(c) == morenos(at_once)
     assert recomputed_blocks("b") is None
     assert recomputed_blocks("c") is not None
