@@ -71,9 +71,10 @@ lint: $(DEVSTAMP)
 bench: $(STAMP)
 	$(BIN)/tkg bench build --episodes 20000
 
-# Generated docs: the config reference and the notebooks (tests fail when they are stale).
+# Generated docs: the config reference, the README's Layout and the notebooks (tests fail when they are stale).
 docs: $(DEVSTAMP)
 	$(BIN)/tkg docs config
+	$(BIN)/tkg docs layout
 	$(BIN)/python notebooks/make_notebooks.py
 
 # One HTML page about the demo store (after `make demo`).
