@@ -136,11 +136,12 @@ COMMUNITY_ROWS = pa.schema(
     + [pa.field("placed", pa.int64()), pa.field("members", pa.list_(pa.string()))]
 )
 # One group's graph inputs in one shuffle: `kind` says which columns a row uses
-# (entity | fact | mention | member | community).
+# (entity | fact | mention | member | community). A fact keeps its edge_id: the graph orders
+# facts by it, so a summary's key facts never depend on the order the shuffle delivers them.
 COMMUNITY_INPUT = pa.schema([
     ("kind", pa.string()), ("group_id", pa.string()), ("entity_id", pa.string()),
     ("name", pa.string()), ("summary", pa.string()), ("mention_count", pa.int64()),
-    ("source_entity_id", pa.string()), ("target_entity_id", pa.string()),
+    ("edge_id", pa.string()), ("source_entity_id", pa.string()), ("target_entity_id", pa.string()),
     ("fact", pa.string()), ("n_episodes", pa.int64()), ("expired_at", TS),
     ("invalid_at", TS), ("episode_id", pa.string()), ("community_id", pa.string()),
     ("created_at", TS),

@@ -216,6 +216,27 @@ def test_stage_block_extends_previous_communities_per_group():
         ["a0", "a1", "a2", "a3", "n1"], ["b0", "b1", "b2", "b3"]]
 
 
+def test_stage_block_summaries_do_not_depend_on_the_order_rows_arrive():
+    """A shuffle delivers a group's rows in any order; facts that tie on every ranking key
+    (all current, one episode each) are chosen for the key facts by edge id, so the
+    summaries come out the same whatever the order (they once followed arrival order)."""
+    t = tables(clique("a", 6))
+    facts = t["facts"].append_column(
+        "edge_id", pa.array([f"e{i:02d}" for i in range(t["facts"].num_rows)], pa.string()))
+
+    def block(order: slice) -> pa.Table:
+        parts = [C.input_rows(table.append_column(
+                     "group_id", pa.array(["g"] * table.num_rows, pa.string())), kind)
+                 for table, kind in ((t["entities"], "entity"), (facts, "fact"))]
+        return pa.concat_tables(parts).take(pa.array(list(range(sum(
+            p.num_rows for p in parts)))[order]))
+
+    config = TkgConfig(communities=CommunitiesConfig(summary_facts=3))
+    summaries = [C.community_block(block(order), config, NOW, "refresh")["summary"].to_pylist()
+                 for order in (slice(None), slice(None, None, -1))]
+    assert summaries[0] == summaries[1]
+
+
 # --- drift --------------------------------------------------------------------------------
 
 
