@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from tkg.pipeline import schema, store
 from tkg.pipeline.build import BuildResult, build
@@ -162,6 +163,47 @@ def test_unchanged_texts_keep_their_vectors(runs):
         assert got.keys() == want.keys()
         for key, vector in got.items():  # a text's vector varies with its batch's padding
             np.testing.assert_allclose(vector, want[key], atol=1e-3)
+
+
+def test_a_later_run_on_ray_data_gathers_only_what_the_night_touched(
+        runs, config, tmp_path, monkeypatch):
+    """Run 4 again over a copy of the store as run 3 left it, with every step on Ray Data
+    (`ray.driver_mb` 0): the same tables as run 4 in the driver. The facts stage brings no
+    edge into the driver and no more names or entities than the night mentions, fewer than
+    the store's aliases: the alias maps and stored edges stay datasets."""
+    import shutil
+    import sys
+
+    from tkg.pipeline import engine
+
+    parts, _ = runs
+    store_dir = tmp_path / "store"
+    shutil.copytree(parts[-1].summary["store"], store_dir)
+    (store_dir / "CURRENT").write_text("run-3")
+    gathered: list[pa.Table] = []
+    gather = engine.gather
+
+    def recorded(*args, **kwargs) -> pa.Table:
+        table = gather(*args, **kwargs)
+        if sys._getframe(1).f_globals["__name__"] == "tkg.pipeline.stages.facts":
+            gathered.append(table)
+        return table
+
+    monkeypatch.setattr(engine, "gather", recorded)
+    on_ray_data = config.model_copy(update={
+        "ray": config.ray.model_copy(update={"driver_mb": 0})})
+    again = build(on_ray_data, [_write(tmp_path / "in", RUNS[-1])], store_dir, run_id="again")
+    for sql in ("SELECT entity_id, name, summary FROM entities",
+                "SELECT alias, entity_id, merged_entity_id FROM entity_aliases",
+                "SELECT edge_id, version, relation, fact, valid_at, invalid_at, "
+                "invalidated_by, episode_ids, expired_at IS NULL FROM facts"):
+        assert _rows(again.snapshot, sql) == _rows(parts[-1].snapshot, sql), sql
+    (mentioned,), = _rows(parts[-1].snapshot, """SELECT count(DISTINCT m.entity_id)
+        FROM mentions m JOIN episodes e USING (episode_id) WHERE e.source_id = 'm6'""")
+    (aliases,), = _rows(parts[2].snapshot, "SELECT count(*) FROM entity_aliases")
+    assert gathered and mentioned < aliases, (mentioned, aliases)
+    for table in gathered:
+        assert "edge_id" not in table.column_names and table.num_rows <= mentioned, table
 
 
 def test_changed_entities_are_those_whose_names_differ():

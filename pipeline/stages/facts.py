@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 from ray.data import Dataset
-from tkg.pipeline import adjudicate, engine, facts, resolve, schema
+from tkg.pipeline import adjudicate, engine, facts, schema
 from tkg.pipeline.context import RunContext, Stage
 from tkg.pipeline.datasets import empty_dataset
 from tkg.pipeline.stages.common import (
@@ -16,6 +16,7 @@ from tkg.pipeline.stages.common import (
     in_set,
     join_alias_map,
     name_keys,
+    only,
     open_versions,
     previous_table,
     rename,
@@ -46,11 +47,12 @@ def _edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset) -> Dataset:
     return _checked(ctx, _merged_edges(ctx, mentions, alias_map))
 
 
-def _summaries(ctx: RunContext, edges: Dataset, only: set[str] | None = None) -> Dataset:
-    """Extractive summaries (group_id, entity_id, summary) of every entity, or of `only`."""
+def _summaries(ctx: RunContext, edges: Dataset, entities: Dataset | None = None) -> Dataset:
+    """Extractive summaries (group_id, entity_id, summary) of every entity, or of those in
+    `entities` (entity_id, once each)."""
     sources = engine.map(ctx, edges, facts.summary_sources)
-    if only is not None:
-        sources = engine.map(ctx, sources, in_set("entity_id", only))
+    if entities is not None:
+        sources = engine.join(ctx, sources, entities, "inner", ("entity_id",))
     return engine.shuffle(ctx, sources, ["group_id", "entity_id"], facts.entity_summaries,
                           ctx.config.facts.summary_facts)
 
@@ -93,9 +95,15 @@ def _with_summaries(ctx: RunContext, inputs: dict[str, Dataset], checked: Datase
 
 
 # --- an update: only what the run touched ----------------------------------------------------
+#
+# Every store-sized input (the alias maps, stored edges, stored summaries) stays a dataset:
+# it is compared, selected and combined by engine joins and shuffles. Only what the night
+# touched comes to the driver: the names that changed, tonight's subjects, the subjects with
+# a stored edge to a changed entity, and the names of those subjects.
 
 
 NAME_COLUMNS = ["group_id", "normalized", "entity_id"]  # a name's entity
+SIDE = "_side"  # which input a row of a tagged union comes from: "old" (stored) or "new"
 
 
 def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Dataset
@@ -104,7 +112,7 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
     previous snapshot's. Invalidation and merging look at one subject's edges only.
 
     - Subjects rebuilt from their whole history: entities whose names changed (merges,
-      renames, new entities: `resolve.changed_entities`) and subjects with a stored edge
+      renames, new entities: `_changed_entities`) and subjects with a stored edge
       to one (its edge id changes). Their edges are rebuilt from every mention that has
       them as subject, earlier runs' included, exactly as a full build would; earlier
       extractions are read only when such a subject was stored before.
@@ -116,54 +124,90 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
     Only edges that are new or differ from their stored version go on (to embedding and
     `versions_stage`), with the rebuilt subjects, whose other stored edges are gone.
     Summaries are recomputed for the endpoints of those edges and of the gone ones."""
-    aliases = engine.gather(ctx, alias_map, NAME_COLUMNS, what="the alias map")
-    stored_aliases = engine.gather(ctx, previous_table(ctx, "entity_aliases", NAME_COLUMNS),
-                                   NAME_COLUMNS, what="stored aliases")
-    changed = resolve.changed_entities(stored_aliases, aliases)
-    entity_of = dict(zip(name_keys(aliases["group_id"], aliases["normalized"]).to_pylist(),
-                         aliases["entity_id"].to_pylist(), strict=True))
-
-    def names_of(entities: set[str]) -> set[str]:
-        return {name for name, entity in entity_of.items() if entity in entities}
-
-    def subjects_in(mentions: pa.Table) -> set[str]:
-        keys = name_keys(mentions["group_id"], mentions["source_normalized"]).to_pylist()
-        return {entity_of[k] for k in keys if k in entity_of}
-
+    stored_names = previous_table(ctx, "entity_aliases", NAME_COLUMNS)
+    if stored_names is None:  # a snapshot from before aliases were stored: every name is new
+        stored_names = empty_dataset()
+    changed = _changed_entities(ctx, stored_names, alias_map)
     new_mentions = engine.map(ctx, new, facts.fact_mentions).materialize()
-    tonight = subjects_in(engine.gather(ctx, new_mentions, ["group_id", "source_normalized"],
-                                        what="tonight's fact subjects"))
+    tonight = _tonight_subjects(ctx, new_mentions, alias_map)
     to_changed = engine.map(ctx, stored, in_set("target_entity_id", changed))  # the night's
     rebuilt = changed | set(engine.gather(ctx, to_changed, ["source_entity_id"],
                                           what="subjects of edges to changed entities")
                             ["source_entity_id"].to_pylist())
     plain = tonight - rebuilt
     open_edges = engine.map(ctx, stored, open_versions).materialize()
-    edges = [_rebuilt_edges(ctx, new_mentions, alias_map, names_of(rebuilt),
-                            bool(rebuilt & set(stored_aliases["entity_id"].to_pylist()))),
-             _combined_edges(ctx, new_mentions, alias_map, names_of(plain),
+    stored_before = engine.total(engine.map(ctx, stored_names, in_set("entity_id", rebuilt)),
+                                 len) > 0
+    edges = [_rebuilt_edges(ctx, new_mentions, alias_map,
+                            _names_of(ctx, alias_map, rebuilt), stored_before),
+             _combined_edges(ctx, new_mentions, alias_map, _names_of(ctx, alias_map, plain),
                              engine.map(ctx, open_edges, in_set("source_entity_id", plain)))]
     emitted = engine.union(ctx, *edges).materialize()
     dropped = engine.map(ctx, open_edges, in_set("source_entity_id", rebuilt))
-    touched = set(changed)
-    for rows in (emitted, dropped):
-        ends = engine.gather(ctx, rows, ["source_entity_id", "target_entity_id"],
-                             what="touched fact endpoints")
-        touched |= set(ends["source_entity_id"].to_pylist())
-        touched |= set(ends["target_entity_id"].to_pylist())
+    touched = _touched_entities(ctx, changed, emitted, dropped)
     ctx.count("facts_subjects_recomputed", len(rebuilt))
     ctx.count("facts_subjects_extended", len(plain))
-    replaced = set(engine.gather(ctx, emitted, ["edge_id"], what="emitted edges")
-                   ["edge_id"].to_pylist())
-    carried = engine.map(ctx, engine.map(ctx, open_edges, in_set("source_entity_id", rebuilt,
-                                                             keep=False)),
-                     in_set("edge_id", replaced, keep=False))
-    now = engine.union(ctx, emitted, engine.map(ctx, carried, schema.conform, schema.MERGED_FACTS))
-    kept = engine.map(ctx, previous_table(ctx, "entities", ["group_id", "entity_id", "summary"]),
-                  in_set("entity_id", touched, keep=False))
+    carried = engine.join(
+        ctx, engine.map(ctx, open_edges, in_set("source_entity_id", rebuilt, keep=False)),
+        engine.map(ctx, emitted, only, ["edge_id"]), "left_anti", ("edge_id",))
+    now = engine.union(ctx, emitted, engine.map(ctx, carried, schema.conform,
+                                                schema.MERGED_FACTS))
+    kept = engine.join(
+        ctx, previous_table(ctx, "entities", ["group_id", "entity_id", "summary"]), touched,
+        "left_anti", ("entity_id",))
     recomputed = pa.table({"source_entity_id": pa.array(sorted(rebuilt), pa.string())})
     return (emitted, engine.union(ctx, _summaries(ctx, now.materialize(), touched), kept),
             engine.as_dataset(recomputed))
+
+
+def _changed_entities(ctx: RunContext, stored_names: Dataset, alias_map: Dataset
+                      ) -> set[str]:
+    """`resolve.changed_entities` by engine joins: an entity's names differ exactly when one
+    of its (group, name, entity) rows is on one side only (an entity id belongs to one
+    group). Only those rows, the names that changed, come to the driver."""
+    before = engine.map(ctx, stored_names, only, NAME_COLUMNS).materialize()
+    after = engine.map(ctx, alias_map, only, NAME_COLUMNS).materialize()
+    keys = tuple(NAME_COLUMNS)
+    differing = engine.union(ctx, engine.join(ctx, before, after, "left_anti", keys),
+                             engine.join(ctx, after, before, "left_anti", keys))
+    names = engine.gather(ctx, differing, ["entity_id"], what="changed names")
+    return set(names["entity_id"].to_pylist())
+
+
+def _tonight_subjects(ctx: RunContext, mentions: Dataset, alias_map: Dataset) -> set[str]:
+    """The entities tonight's fact mentions have as subject."""
+    names = engine.map(ctx, mentions, only, ["group_id", "source_normalized"])
+    subjects = join_alias_map(names, alias_map, ctx, "source_normalized", "source_")
+    return set(engine.gather(ctx, subjects, ["source_entity_id"],
+                             what="tonight's fact subjects")["source_entity_id"].to_pylist())
+
+
+def _names_of(ctx: RunContext, alias_map: Dataset, entities: set[str]) -> set[str]:
+    """The (group, normalized) keys (`name_keys`) of the names of `entities`."""
+    if not entities:
+        return set()
+    names = engine.gather(ctx, engine.map(ctx, alias_map, in_set("entity_id", entities)),
+                          ["group_id", "normalized"], what="names of touched subjects")
+    return set(name_keys(names["group_id"], names["normalized"]).to_pylist())
+
+
+def _touched_entities(ctx: RunContext, changed: set[str], emitted: Dataset,
+                      dropped: Dataset) -> Dataset:
+    """The entities whose summaries change (entity_id, once each): the changed ones and the
+    endpoints of the emitted and the dropped edges."""
+    named = engine.as_dataset(pa.table({"entity_id": pa.array(sorted(changed), pa.string())}))
+    ends = engine.union(ctx, named, engine.map(ctx, emitted, _endpoints),
+                        engine.map(ctx, dropped, _endpoints))
+    return engine.shuffle(ctx, ends, ["entity_id"], _distinct_entities)
+
+
+def _endpoints(edges: pa.Table) -> pa.Table:
+    return pa.table({"entity_id": pa.chunked_array(
+        [*edges["source_entity_id"].chunks, *edges["target_entity_id"].chunks], pa.string())})
+
+
+def _distinct_entities(block: pa.Table) -> pa.Table:
+    return block.group_by("entity_id").aggregate([])
 
 
 def _rebuilt_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
@@ -184,18 +228,45 @@ def _rebuilt_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
 def _combined_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
                     names: set[str], stored: Dataset) -> Dataset:
     """Tonight's edges of subjects named `names` combined with their `stored` open edges,
-    invalidated again; only the new and changed ones."""
+    invalidated again; only the new and changed ones. Both combinations are shuffles of the
+    stored and tonight's edges tagged by side (by subject, then by edge): a subject's
+    stored edges never come to the driver as such."""
     mentions = engine.map(ctx, new_mentions, in_set("source_normalized", names,
                                                  group_column="group_id"))
-    edges = schema.MERGED_FACTS
-    tonight = engine.gather(ctx, _merged_edges(ctx, mentions.materialize(), alias_map),
-                            table_schema=edges, what="tonight's edges")
-    if tonight.num_rows == 0:
+    tonight = engine.nonempty(_merged_edges(ctx, mentions.materialize(), alias_map))
+    if tonight is None:
         return empty_dataset()
-    before = engine.gather(ctx, stored, table_schema=edges, what="stored open edges")
-    checked = engine.gather(ctx, _checked(ctx, engine.as_dataset(
-        facts.combine_edges(before, tonight))), table_schema=edges, what="combined edges")
-    return engine.as_dataset(facts.changed_edges(checked, before))
+    before = engine.map(ctx, stored, _tagged, "old").materialize()
+    combined = engine.shuffle(ctx, engine.union(ctx, before, engine.map(
+        ctx, tonight, _tagged, "new")), ["group_id", "source_entity_id"], _combine_sides)
+    checked = engine.map(ctx, _checked(ctx, combined), _tagged, "new")
+    return engine.shuffle(ctx, engine.union(ctx, before, checked), ["edge_id"],
+                          _changed_sides)
+
+
+def _tagged(edges: pa.Table, side: str) -> pa.Table:
+    """Edges as MERGED_FACTS rows of one `side` of a tagged union."""
+    rows = schema.conform(edges, schema.MERGED_FACTS)
+    return rows.append_column(SIDE, pa.array([side] * rows.num_rows, pa.string()))
+
+
+def _sides(block: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """The (old, new) rows of a block of a tagged union, untagged."""
+    old = pc.equal(block[SIDE], "old")
+    return (block.filter(old).drop_columns([SIDE]),
+            block.filter(pc.invert(old)).drop_columns([SIDE]))
+
+
+def _combine_sides(block: pa.Table) -> pa.Table:
+    """`facts.combine_edges` of the subjects in a block (stored and tonight's edges)."""
+    stored, tonight = _sides(block)
+    return facts.combine_edges(stored, tonight)
+
+
+def _changed_sides(block: pa.Table) -> pa.Table:
+    """`facts.changed_edges` of the edges in a block (checked against stored)."""
+    stored, checked = _sides(block)
+    return facts.changed_edges(checked, stored)
 
 
 def _no_null_summary(batch: pa.Table) -> pa.Table:
