@@ -289,3 +289,24 @@ def total(ds: Dataset, fn: Callable[[pa.Table], int]) -> int:
 def run_tasks(task: Any, calls: Iterable[tuple]) -> list:
     """One Ray task of the remote function `task` per argument tuple; their results."""
     return ray.get([task.remote(*args) for args in calls])
+
+
+def shuffle_together(ctx: RunContext, parts: dict[str, Dataset], keys: list[str],
+                     tag: Callable[[pa.Table, str], pa.Table], fn: Block,
+                     *fn_args: object) -> Dataset:
+    """The rows of several datasets in one `shuffle` by `keys`: `tag(block, name)` puts
+    each part's blocks in one schema, marked with the part's name, and `fn` sees every
+    part's rows of a key in one block (a join of many sides, bounded by the largest key's
+    block). In the driver, in one step, when the policy places every part there; a part
+    without rows is left out, so `fn` finds none of its name."""
+    present = {name: rows for name, ds in parts.items() if (rows := nonempty(ds)) is not None}
+    local = {name: _small(rows, ctx) for name, rows in present.items()}
+    if not present:
+        return empty_dataset()
+    if all(table is not None for table in local.values()):
+        return as_dataset(fn(pa.concat_tables([tag(table, name) for name, table in local.items()]),
+                             *fn_args))
+    marked = [rows.map_batches(tag, batch_format="pyarrow", fn_args=(name,))
+              for name, rows in present.items()]
+    united = marked[0].union(*marked[1:]) if len(marked) > 1 else marked[0]
+    return shuffle(ctx, united, keys, fn, *fn_args)

@@ -567,6 +567,56 @@ def known_pairs(fresh: pa.Table, stored: pa.Table, changed: pa.Table) -> tuple[p
             schema.conform(new.drop("changed_a", "changed_b").to_arrow(), PAIRS))
 
 
+# The same decisions over whole groups: a later run puts the stored pairs, every name's block
+# keys and tonight's names in one shuffle by group (`TAGGED` rows, each marked with what it
+# is), so a worker holds one group's rows and the driver none of the store's.
+
+TAGGED = pa.schema([
+    ("tag", pa.string()), ("group_id", pa.string()), ("normalized", pa.string()),
+    ("key", pa.string()), ("a", pa.string()), ("b", pa.string()), ("evidence", pa.string()),
+    ("score", pa.float64()), ("merge", pa.bool_()),
+])
+NAMES = pa.schema([("group_id", pa.string()), ("normalized", pa.string())])
+NAME_KEYS = pa.schema([("group_id", pa.string()), ("normalized", pa.string()),
+                       ("key", pa.string())])
+
+
+def tagged(table: pa.Table, tag: str) -> pa.Table:
+    """`table`'s rows as `TAGGED` rows marked `tag` (the columns it lacks null)."""
+    marks = pa.array([tag] * table.num_rows, pa.string())
+    return schema.conform(table, TAGGED).set_column(0, "tag", marks)
+
+
+def untagged(rows: pa.Table, tag: str, table_schema: pa.Schema) -> pa.Table:
+    """The `TAGGED` rows marked `tag`, as a table of `table_schema`."""
+    return schema.conform(rows.filter(pc.equal(rows["tag"], tag)), table_schema)
+
+
+def against_stored(rows: pa.Table) -> pa.Table:
+    """`blocks_to_recompute` over the `TAGGED` rows of whole groups: stored pairs ("stored"),
+    every name's block keys ("key") and tonight's names ("changed") give the stored pairs
+    kept ("kept") and dropped ("dropped": all `known_pairs` needs of the store) and the
+    blocks to recompute ("block")."""
+    stored = untagged(rows, "stored", PAIRS)
+    kept, blocks = blocks_to_recompute(stored, untagged(rows, "key", NAME_KEYS),
+                                       untagged(rows, "changed", NAMES))
+    dropped = pl.from_arrow(stored).join(pl.from_arrow(kept).select("group_id", "a", "b"),
+                                         on=["group_id", "a", "b"], how="anti")
+    return pa.concat_tables([tagged(kept, "kept"),
+                             tagged(schema.conform(dropped.to_arrow(), PAIRS), "dropped"),
+                             tagged(blocks, "block")])
+
+
+def known_in_groups(rows: pa.Table) -> pa.Table:
+    """`known_pairs` over the `TAGGED` rows of whole groups: the recomputed blocks' pairs
+    ("fresh"), stored pairs ("stored") and tonight's names ("changed") give the stored rows
+    of pairs yielded again ("repeated") and tonight's decisions ("tonight")."""
+    repeated, tonight = known_pairs(untagged(rows, "fresh", PAIRS),
+                                    untagged(rows, "stored", PAIRS),
+                                    untagged(rows, "changed", NAMES))
+    return pa.concat_tables([tagged(repeated, "repeated"), tagged(tonight, "tonight")])
+
+
 def distinct_pairs(pairs: pa.Table) -> pa.Table:
     """Each pair row once, in (group_id, a, b, evidence) order."""
     frame = pl.from_arrow(schema.conform(pairs, PAIRS)).unique()

@@ -7,6 +7,11 @@ import pyarrow as pa
 from tkg.pipeline import schema
 from tkg.pipeline.config import ResolveConfig
 from tkg.pipeline.resolve import (
+    BLOCKS,
+    NAME_KEYS,
+    NAMES,
+    PAIRS,
+    against_stored,
     blocking_keys,
     blocks_to_recompute,
     candidate_pairs,
@@ -14,9 +19,12 @@ from tkg.pipeline.resolve import (
     core_name,
     deletion_keys,
     distinct_pairs,
+    known_in_groups,
     known_pairs,
     node_pairs,
     normalize_name,
+    tagged,
+    untagged,
 )
 
 CONFIG = ResolveConfig()
@@ -163,9 +171,8 @@ def _rows(pairs: pa.Table) -> list[tuple]:
     return sorted((p["a"], p["b"], p["evidence"], p["merge"]) for p in pairs.to_pylist())
 
 
-def test_a_later_run_decides_only_its_blocks_and_keeps_stored_answers():
-    """Stored pairs + the blocks tonight's names fall in = every pair decided again, and a
-    stored adjudicator's answer between two names tonight did not mention stays."""
+def _later_run(group: str = "g") -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(stored pairs, every name's block keys, tonight's names) of a later run in `group`."""
     before = [node("Alice Walker"), node("Alice", mentions=3),
               node("Globex", ("Organization",), vector=_unit(1, 0, 0, 0)),
               node("Initrode", ("Organization",), vector=_unit(1, 0.5, 0, 0)),
@@ -180,8 +187,20 @@ def test_a_later_run_decides_only_its_blocks_and_keeps_stored_answers():
     stored = pa.Table.from_pylist(judged, schema=schema.RESOLUTION_PAIRS)
     everyone = _nodes_table([n for n in before if n["normalized"] != "kim"] + tonight)
     keyed = blocking_keys(everyone, CONFIG)
-    changed = pa.table({"group_id": ["g"] * len(tonight),
+    changed = pa.table({"group_id": [group] * len(tonight),
                         "normalized": [n["normalized"] for n in tonight]})
+    return _in_group(stored, group), _in_group(keyed, group), changed
+
+
+def _in_group(table: pa.Table, group: str) -> pa.Table:
+    return table.set_column(table.schema.get_field_index("group_id"), "group_id",
+                            pa.array([group] * table.num_rows, pa.string()))
+
+
+def test_a_later_run_decides_only_its_blocks_and_keeps_stored_answers():
+    """Stored pairs + the blocks tonight's names fall in = every pair decided again, and a
+    stored adjudicator's answer between two names tonight did not mention stays."""
+    stored, keyed, changed = _later_run()
     kept, blocks = blocks_to_recompute(stored, keyed, changed)
     chosen = {(g, k) for g, k in zip(blocks["group_id"].to_pylist(),
                                      blocks["key"].to_pylist(), strict=True)}
@@ -196,3 +215,128 @@ def test_a_later_run_decides_only_its_blocks_and_keeps_stored_answers():
     assert without_judged == [r for r in _rows(whole) if r[2] != "embedding"]
     assert ("alice", "alice walker", "first_name", True) in _rows(stored)
     assert ("alice", "alice walker", "first_name", True) not in _rows(later)
+
+
+def _sorted(table: pa.Table) -> list[tuple]:
+    return sorted(tuple(row.values()) for row in table.to_pylist())
+
+
+def test_the_decisions_per_group_are_those_of_the_whole_tables():
+    """A later run decides in shuffles by group (`against_stored`, `known_in_groups` over
+    tagged rows): one group at a time, or two groups in one block, gives the rows of
+    `blocks_to_recompute` and `known_pairs` over the whole tables."""
+    parts = [_later_run(group) for group in ("g", "h")]
+    stored, keyed, changed = (pa.concat_tables(tables) for tables in zip(*parts, strict=True))
+    kept, blocks = blocks_to_recompute(stored, keyed, changed)
+
+    def per_group(rows: list[pa.Table]) -> pa.Table:
+        return pa.concat_tables([against_stored(block) for block in rows])
+
+    def tag_all(group_parts: list[tuple[pa.Table, ...]]) -> list[pa.Table]:
+        return [pa.concat_tables([tagged(s, "stored"), tagged(k, "key"), tagged(c, "changed")])
+                for s, k, c in group_parts]
+
+    one_block = against_stored(pa.concat_tables(tag_all(parts)))
+    for against in (per_group(tag_all(parts)), one_block):
+        assert _sorted(untagged(against, "kept", PAIRS)) == _sorted(kept)
+        assert _sorted(untagged(against, "block", BLOCKS)) == _sorted(blocks)
+    dropped = untagged(one_block, "dropped", PAIRS)
+    assert _sorted(pa.concat_tables([dropped, untagged(one_block, "kept", PAIRS)])) == \
+        _sorted(stored)
+    assert _sorted(untagged(tagged(keyed, "key"), "key", NAME_KEYS)) == _sorted(
+        keyed.select(["group_id", "normalized", "key"]))
+    fresh = candidate_pairs(keyed, CONFIG)
+    repeated, new = known_pairs(fresh, stored, changed)
+    known = known_in_groups(pa.concat_tables([
+        tagged(fresh, "fresh"), tagged(dropped, "stored"), tagged(changed, "changed")]))
+    assert _sorted(untagged(known, "tonight", PAIRS)) == _sorted(new)
+    # only the dropped stored pairs go in: the kept ones it misses are kept already
+    assert set(_sorted(repeated)) - set(_sorted(untagged(known, "repeated", PAIRS))) <= set(
+        _sorted(kept))
+    assert _sorted(untagged(tagged(changed, "changed"), "changed", NAMES)) == _sorted(changed)
+
+
+def _message(id_: str, day: str, speaker: str, content: str) -> dict:
+    return {"group_id": "later", "id": id_, "kind": "message", "timestamp": f"{day}T10:00:00Z",
+            "conversation_id": f"c-{id_}", "speaker": speaker, "content": content}
+
+
+FIRST = (_message("r1", "2024-01-10", "Alice Chen", "Daniel Okafor lives in Berlin."),
+         _message("r2", "2024-01-11", "Sofia Moreno", "Sofia Moreno lives in Madrid."),
+         _message("r3", "2024-01-12", "Sophia Moreno", "Thanks, see you at the office."),
+         _message("r4", "2024-02-10", "Alice Chen", "Alice Chen works at Acme."))
+# One edit from Sofia and from Sophia: blocks of stored pairs are decided again.
+LATER = (_message("r5", "2024-03-10", "Sopia Moreno", "Thanks, see you at the office."),
+         _message("r6", "2024-06-01", "Alice Chen", "Daniel Okafor moved to Paris."))
+
+
+def _write(folder, records: tuple[dict, ...]) -> str:
+    import json
+
+    folder.mkdir(parents=True)
+    (folder / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(folder)
+
+
+def _published(result, sql: str) -> list[tuple]:
+    from tkg.pipeline import store
+
+    with store.open_catalog(result.snapshot) as con:
+        return sorted(con.execute(sql).fetchall())
+
+
+def _stored_pairs(result) -> list[tuple]:
+    import pyarrow.parquet as pq
+    from tkg.pipeline import store
+    from tkg.pipeline.stages.common import INTERNAL_PAIRS
+
+    files = store.table_files(result.snapshot, INTERNAL_PAIRS)
+    return _sorted(pa.concat_tables([pq.read_table(f) for f in files]))
+
+
+def _recomputed_blocks(result) -> int | None:
+    import json
+    from pathlib import Path
+
+    folder = Path(result.summary["store"]) / "work" / result.summary["run_id"] / "resolve"
+    return json.loads((folder / "_SUCCESS.json").read_text())["counters"].get(
+        "resolve_blocks_recomputed")
+
+
+def test_a_later_run_resolves_without_gathering_the_store(ray_session, config, tmp_path,
+                                                          monkeypatch):
+    """A later run's resolution gathers nothing into the driver: the stored pairs and every
+    name's block keys stay datasets. In the driver (small data, `ray.driver_mb`) and on Ray
+    Data throughout (`ray.driver_mb` 0) it publishes the same tables, and the pairs of one
+    run over everything."""
+    import sys
+
+    from tkg.pipeline import engine
+    from tkg.pipeline.build import build
+    from tkg.pipeline.stages import resolve as resolve_stage
+
+    gathers: list[tuple[str, str]] = []  # (calling module, what)
+    real_gather = engine.gather
+
+    def recorded(*args, **kwargs):
+        gathers.append((sys._getframe(1).f_globals["__name__"], kwargs.get("what", "rows")))
+        return real_gather(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "gather", recorded)
+    on_ray = config.model_copy(update={"ray": config.ray.model_copy(update={"driver_mb": 0})})
+    later = {}
+    for name, settings in (("driver", config), ("ray", on_ray)):
+        build(config, [_write(tmp_path / f"{name}-1", FIRST)], tmp_path / name, run_id="a")
+        later[name] = build(settings, [_write(tmp_path / f"{name}-2", LATER)],
+                            tmp_path / name, run_id="b")
+    whole = build(config, [_write(tmp_path / "all", FIRST + LATER)], tmp_path / "whole",
+                  run_id="all")
+    assert [what for module, what in gathers if module == resolve_stage.__name__] == []
+    assert not {"stored pairs", "blocking keys"} & {what for _, what in gathers}
+    assert _recomputed_blocks(later["driver"]) == _recomputed_blocks(later["ray"]) > 0
+    assert _stored_pairs(later["driver"]) == _stored_pairs(later["ray"]) == _stored_pairs(
+        whole)
+    for sql in ("SELECT entity_id, name FROM entities",
+                "SELECT alias, entity_id, merged_entity_id FROM entity_aliases"):
+        assert _published(later["driver"], sql) == _published(later["ray"], sql) == \
+            _published(whole, sql)

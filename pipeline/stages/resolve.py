@@ -16,9 +16,7 @@ from tkg.pipeline.context import Publish, RunContext, Stage
 from tkg.pipeline.llm.usage import take_usage, usage_snapshot, with_usage
 from tkg.pipeline.stages.common import (
     INTERNAL_PAIRS,
-    in_set,
     join_alias_map,
-    name_keys,
     previous_table,
 )
 
@@ -59,9 +57,6 @@ def _adjudicated(ctx: RunContext, pairs: Dataset) -> Dataset:
     return pairs
 
 
-KEY_COLUMNS = ["group_id", "normalized", "key"]
-
-
 def _stored_pairs(ctx: RunContext) -> Dataset | None:
     """The previous snapshot's resolution pairs when it decided them under this run's
     `resolve` settings; after a change of thresholds, keys or adjudicator every block is
@@ -74,27 +69,41 @@ def _stored_pairs(ctx: RunContext) -> Dataset | None:
     return previous_table(ctx, INTERNAL_PAIRS)
 
 
+def _by_group(ctx: RunContext, per_group: Callable[[pa.Table], pa.Table],
+              **parts: Dataset) -> Dataset:
+    """`parts` as `resolve.TAGGED` rows (each marked with its name), shuffled by group and
+    `per_group` run once per block of whole groups: a worker holds one block of groups, the
+    driver only what the size policy places there."""
+    return engine.shuffle_together(ctx, parts, ["group_id"], resolve.tagged,
+                                   per_group).materialize()
+
+
+def _part(ctx: RunContext, rows: Dataset, tag: str, table_schema: pa.Schema) -> Dataset:
+    """The `tag` rows of a `_by_group` result, as a dataset of `table_schema`."""
+    return engine.map(ctx, rows, resolve.untagged, tag, table_schema).materialize()
+
+
 def _pairs_against_stored(ctx: RunContext, keyed: Dataset, stored: Dataset,
                           new: Dataset) -> Dataset:
     """The pairs of a later run: the stored ones no name of tonight can alter, and the
-    blocks tonight's names fall in decided again (`resolve.blocks_to_recompute`); only
-    pairs with a name of tonight go to the adjudicator. The store's block keys come to the
-    driver as three string columns; the pairs are a few per name."""
-    changed = engine.gather(ctx, engine.map(ctx, new, resolve.mention_rows),
-                            ["group_id", "normalized"], what="tonight's names")
-    before = engine.gather(ctx, stored, table_schema=resolve.PAIRS, what="stored pairs")
-    kept, blocks = resolve.blocks_to_recompute(
-        before, engine.gather(ctx, keyed, KEY_COLUMNS, what="blocking keys"), changed)
-    ctx.count("resolve_blocks_recomputed", blocks.num_rows)
-    chosen = set(name_keys(blocks["group_id"], blocks["key"]).to_pylist())
-    fresh = _candidates(ctx, engine.map(ctx, keyed, in_set("key", chosen, group_column="group_id")
-                                    ).materialize())
-    repeated, tonight = resolve.known_pairs(
-        engine.gather(ctx, fresh, table_schema=resolve.PAIRS, what="pairs decided again"),
-        before, changed)
-    decided = engine.gather(ctx, _adjudicated(ctx, engine.as_dataset(tonight)),
-                            table_schema=resolve.PAIRS, what="adjudicated pairs")
-    return engine.as_dataset(resolve.distinct_pairs(pa.concat_tables([kept, repeated, decided])))
+    blocks tonight's names fall in decided again (`resolve.blocks_to_recompute`, per group);
+    only pairs with a name of tonight go to the adjudicator. The stored pairs and every
+    name's block keys stay datasets: each step is a shuffle by group or a join, so nothing
+    of the store's size comes to the driver beyond what the size policy places there."""
+    changed = engine.map(ctx, new, resolve.mention_rows).materialize()
+    against = _by_group(ctx, resolve.against_stored, stored=stored, key=keyed,
+                        changed=changed)
+    blocks = _part(ctx, against, "block", resolve.BLOCKS)
+    ctx.count("resolve_blocks_recomputed", blocks.count())  # computed: read off metadata
+    # blocks are distinct (group_id, key): the inner join is the semi-join "keyed in blocks"
+    fresh = _candidates(ctx, engine.join(ctx, keyed, blocks, "inner", ("group_id", "key")
+                                         ).materialize())
+    known = _by_group(ctx, resolve.known_in_groups, fresh=fresh,
+                      stored=_part(ctx, against, "dropped", resolve.PAIRS), changed=changed)
+    decided = _adjudicated(ctx, _part(ctx, known, "tonight", resolve.PAIRS))
+    every = engine.union(ctx, _part(ctx, against, "kept", resolve.PAIRS),
+                         _part(ctx, known, "repeated", resolve.PAIRS), decided).materialize()
+    return engine.shuffle(ctx, every, ["group_id"], resolve.distinct_pairs).materialize()
 
 
 def _resolved(ctx: RunContext, inputs: dict[str, Dataset],
