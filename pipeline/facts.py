@@ -438,9 +438,11 @@ def entity_summaries(sources: pa.Table, max_facts: int) -> pa.Table:
                fact=pl.when(sentence.str.contains(r"[.!?]$")).then(sentence)
                .otherwise(sentence + "."))
            .filter(pl.col("fact").str.len_chars() > 1)
-           .unique([*keys, "fact"], keep="first")
            .sort([*keys, "episodes", "valid_at", "fact"],
                  descending=[False, False, True, True, False], nulls_last=True)
+           # after the sort, so a text said by several facts ranks by its best-attested one,
+           # not by whichever arrived first (that followed the shuffle's block order)
+           .unique([*keys, "fact"], keep="first", maintain_order=True)
            .group_by(keys, maintain_order=True)
            .agg(summary=pl.col("fact").head(max_facts).str.join(" ")))
     return schema.conform(top.to_arrow(), SUMMARIES)

@@ -119,6 +119,28 @@ def test_entity_summaries_list_the_best_attested_facts_that_still_hold():
     assert "berlin" not in summaries  # only facts that still hold
 
 
+def test_entity_summaries_do_not_depend_on_the_order_facts_arrive():
+    """Two facts with one text rank by the better attested of them, whichever arrives first
+    (a shuffle delivers them in any order)."""
+    from tkg.pipeline.facts import entity_summaries, summary_sources
+
+    t = datetime(2024, 1, 1, tzinfo=UTC)
+
+    def edge(edge_id: str, target: str, fact: str, episodes: list[str]) -> dict:
+        return {"edge_id": edge_id, "group_id": "g", "source_entity_id": "dan",
+                "target_entity_id": target, "fact": fact, "episode_ids": episodes,
+                "valid_at": t, "invalid_at": None}
+
+    rows = [edge("e1", "pm", "Dan is the new PM.", ["a"]),
+            edge("e2", "acme", "Dan works at Acme.", ["a", "b"]),
+            edge("e3", "pm2", "Dan is the new PM.", ["a", "b", "c"])]
+    got = [entity_summaries(summary_sources(pa.Table.from_pylist(
+               order, schema=schema.MERGED_FACTS)), 1).to_pylist()
+           for order in (rows, rows[::-1])]
+    assert got[0] == got[1]
+    assert {r["entity_id"]: r["summary"] for r in got[0]}["dan"] == "Dan is the new PM."
+
+
 def test_an_entity_keeps_its_strongest_label():
     """One label per entity by evidence: a company spaCy once tagged a place stays an
     organisation; of equal counts the latest wins; a generic label only when nothing else."""
