@@ -407,7 +407,7 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
           .sort([*block, "mentions", "normalized"], descending=[False, False, True, False])
           .with_columns(rank=pl.int_range(pl.len()).over(block))
           .filter(pl.col("rank") < config.max_block))
-    pairs = _block_pairs(df.filter(pl.col("kind").is_in(["c", "d"])), block).with_columns(
+    pairs = _block_pairs(df.filter(pl.col("kind").is_in(["c", "d", "r"])), block).with_columns(
         cosine=pl.lit(0.0))
     first = df.filter(pl.col("kind") == "f").drop("vector")
     full = first.filter(~pl.col("lone") & pl.col("personish")).with_columns(

@@ -326,10 +326,12 @@ def test_bad_input_and_public_data_build(ray_session, config, tmp_path):
                 SELECT count(DISTINCT f.source_entity_id) FROM facts f
                 JOIN entities t ON t.entity_id = f.target_entity_id
                 WHERE f.group_id = 'chinook' AND f.relation = 'CUSTOMER'
-                  AND t.name LIKE 'Customer %'""").fetchone()[0]
+                  AND json_extract_string(t.attributes, '$.record') LIKE 'Customer %'
+                """).fetchone()[0]
             assert linked == 412
-            assert con.execute("SELECT count(*) FROM entities WHERE group_id = 'chinook' "
-                               "AND name = 'Customer 2'").fetchone() == (1,)
+            assert con.execute("SELECT count(*) FROM entities WHERE group_id = 'chinook' AND "
+                               "json_extract_string(attributes, '$.record') = 'Customer 2'"
+                               ).fetchone() == (1,)  # one entity, named by its name
     assert not list((tmp_path / "store").rglob("passwd"))
 
 
