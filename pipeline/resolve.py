@@ -91,8 +91,9 @@ def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:
         first_seen=pl.col("valid_at").first(), last_seen=pl.col("valid_at").last(),
         mention_count=pl.col("episode_id").n_unique(),
     )
-    key_name = pl.col("attributes").str.json_path_match(f"$.{RECORD_ATTRIBUTE}") == pl.col(
-        "name")  # a record's key name (`Employee 2`) names an entity only when nothing else does
+    # A record's key name (`Employee 2`) names an entity only when nothing else does.
+    key_name = pl.col("attributes").cast(pl.String).str.json_path_match(
+        f"$.{RECORD_ATTRIBUTE}") == pl.col("name")
     named = (df.group_by([*keys, "name"]).agg(count=pl.len(), key_name=key_name.any())
              .with_columns(words=pl.col("name").str.count_matches(r"\S+"),
                            chars=pl.col("name").str.len_chars())

@@ -187,6 +187,16 @@ def test_records_link_by_key(corpus_db):
     assert customer >= 1
 
 
+def test_record_scalars_are_attributes_of_the_record(corpus_db):
+    """crm-contact-002-v2 replaces v1's email; an email, a seat count are never entities."""
+    maria = json.loads(corpus_db.execute(
+        "SELECT attributes FROM entities WHERE group_id = 'acme' AND name = 'Maria Lopez'"
+    ).fetchone()[0])
+    assert (maria["email"], maria["record"]) == ("maria.lopez@globex.example", "Contact CON-002")
+    assert corpus_db.execute("SELECT count(*) FROM entities WHERE name LIKE '%@%' "
+                             "OR name = '120'").fetchone() == (0,)
+
+
 def test_redelivered_messages_count_once_in_provenance(corpus_db, expected):
     duplicate = schema.stable_id("acme", "acme-conv-2024-04-02-m01")
     rows = corpus_db.execute(
