@@ -31,7 +31,7 @@ from tkg.pipeline import schema
 from tkg.pipeline.config import ResolveConfig
 
 GENERIC_LABELS = {"Entity", "Concept", "Thing"}
-RECORD_ATTRIBUTE = "record"  # = extract.records.RECORD_ATTRIBUTE (resolve imports no extractor)
+RECORD_ATTRIBUTE = schema.RECORD_ATTRIBUTE
 _PUNCT = re.compile(r"[^\w\s&+@.-]|(?<!\w)[.-]|[.-](?!\w)")
 
 

@@ -29,11 +29,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from tkg.pipeline import schema
 from tkg.pipeline.config import RecordsConfig, RecordSource
 from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
 
-# The key name of the record an entity stands for ("Employee 2"): resolution merges on it.
-RECORD_ATTRIBUTE = "record"  # pipeline/resolve.py merges the names that carry one
+RECORD_ATTRIBUTE = schema.RECORD_ATTRIBUTE  # the key name ("Employee 2"): resolution merges on it
 # Records about one person are labelled Person, so the resolver meets the same person in
 # the group's messages by name.
 PERSON_RECORDS = {"Contact", "Employee", "Person", "People", "User", "Staff", "Member",
