@@ -116,6 +116,63 @@ class ExtractConfig(_Section):
     )
 
 
+class RecordSource(_Section):
+    """How one source's JSON records map (`records.sources`, keyed by the record's `source`,
+    e.g. `chinook.employees`), for what inference gets wrong. Field names as in the record."""
+
+    label: str | None = Field(None, description="the record entity's label; null = the "
+                              "singular of the source's last segment (crm.customers: Customer)")
+    key: str | None = Field(None, description="the field whose value identifies the record "
+                            "(a newer record with the same source and key is its next version); "
+                            "null = inferred from `records.key_fields`")
+    name_fields: tuple[str, ...] = Field((), description="fields whose values, joined by a "
+                                         "space, name the record's entity; () = inferred")
+    references: dict[str, str] = Field(
+        default_factory=dict, description="field -> the label of the record it holds the key "
+        "of (`reports_to_id: Employee`): an edge to that record's entity")
+    entities: tuple[str, ...] = Field((), description="fields whose value is an entity of its own")
+    attributes: tuple[str, ...] = Field((), description="fields kept as attributes of the "
+                                        "record's entity, never entities")
+    drop: tuple[str, ...] = Field((), description="fields left out of the graph")
+    relations: dict[str, str] = Field(default_factory=dict,
+                                      description="field -> the relation its edge is named by")
+
+
+class RecordsConfig(_Section):
+    """JSON business records (kind `json`) -> entities, edges and attributes, with no model
+    (pipeline/extract/records.py). A record is one entity, identified by its key; a reference
+    field is an edge to the referenced record's entity; a name-like field (a company, a city)
+    is an edge to an entity of that name; every other scalar is an attribute."""
+
+    key_fields: tuple[str, ...] = Field(
+        ("id", "pk", "{label}_id", "{label}Id"),
+        description="fields tried, in order, as a record's key ({label}: its label, lower "
+        "case); then the first `*_id`/`*Id` field")
+    name_fields: tuple[tuple[str, ...], ...] = Field(
+        (("full_name",), ("name",), ("first_name", "last_name"), ("firstname", "lastname"),
+         ("title",)),
+        description="the first of these field groups the record fills names its entity")
+    entity_fields: tuple[str, ...] = Field(
+        ("company", "organization", "employer", "vendor", "customer_name", "city", "country",
+         "region", "assignee", "owner", "contact", "contact_name", "author", "manager",
+         "product", "product_name", "artist", "album", "genre", "speaker", "team",
+         "department", "title", "status", "stage", "plan", "tier", "priority", "category",
+         "type", "role", "industry", "segment"),
+        description="fields (or field-name endings: billingcity ends in city) whose short "
+        "text value is an entity of its own; any other scalar is an attribute")
+    entity_labels: dict[str, str] = Field(
+        default_factory=lambda: {
+            "company": "Organization", "organization": "Organization",
+            "employer": "Organization", "vendor": "Organization",
+            "customer_name": "Organization", "city": "Location", "country": "Location",
+            "region": "Location", "assignee": "Person", "owner": "Person",
+            "contact": "Person", "contact_name": "Person", "author": "Person",
+            "manager": "Person"},
+        description="entity field -> its entity's label (others: the field's name)")
+    sources: dict[str, RecordSource] = Field(default_factory=dict,
+                                             description="per-source overrides, by `source`")
+
+
 class EmbedConfig(_Section):
     backend: Literal["sentence_transformers", "bge_m3", "synthetic"] = Field(
         "sentence_transformers", description="synthetic: seeded vectors, no model "
@@ -494,6 +551,7 @@ class TkgConfig(_Section):
     ray: RayConfig = RayConfig()
     limits: LimitsConfig = LimitsConfig()
     extract: ExtractConfig = ExtractConfig()
+    records: RecordsConfig = RecordsConfig()
     embed: EmbedConfig = EmbedConfig()
     temporal: TemporalConfig = TemporalConfig()
     resolve: ResolveConfig = ResolveConfig()

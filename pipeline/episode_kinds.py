@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from tkg.pipeline.config import LimitsConfig
+from tkg.pipeline.config import LimitsConfig, RecordsConfig
 from tkg.pipeline.extract.base import EpisodeInput, Extraction, guarded
 from tkg.pipeline.extract.records import extract_record, record_text
 
@@ -119,7 +119,8 @@ class Header:
     speaker: bool = False  # it names who said the episode: the first entity, whom "I" means
 
 
-Mapper = Callable[[EpisodeInput, int], Extraction]  # (episode, max JSON depth) -> extraction
+# (episode, max JSON depth, config `records`) -> extraction
+Mapper = Callable[[EpisodeInput, int, RecordsConfig | None], Extraction]
 
 
 def _same(content: str | None) -> str | None:
@@ -233,7 +234,8 @@ def speakers(episodes: pa.Table) -> list[str | None]:
     return said.to_pylist()
 
 
-def mapped_extractions(episodes: list[EpisodeInput], max_depth: int
+def mapped_extractions(episodes: list[EpisodeInput], max_depth: int,
+                       records: RecordsConfig | None = None
                        ) -> tuple[list[Extraction | None], list[int]]:
     """(extractions, model indexes): the episodes whose kind maps them are extracted here
     (a failure is that episode's error, never the batch's); the others, listed by index for
@@ -245,5 +247,5 @@ def mapped_extractions(episodes: list[EpisodeInput], max_depth: int
         if mapping is None:
             model.append(index)
         else:
-            results[index] = guarded(mapping, episode, max_depth)
+            results[index] = guarded(mapping, episode, max_depth, records)
     return results, model

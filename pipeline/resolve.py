@@ -31,6 +31,7 @@ from tkg.pipeline import schema
 from tkg.pipeline.config import ResolveConfig
 
 GENERIC_LABELS = {"Entity", "Concept", "Thing"}
+RECORD_ATTRIBUTE = schema.RECORD_ATTRIBUTE
 _PUNCT = re.compile(r"[^\w\s&+@.-]|(?<!\w)[.-]|[.-](?!\w)")
 
 
@@ -90,11 +91,14 @@ def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:
         first_seen=pl.col("valid_at").first(), last_seen=pl.col("valid_at").last(),
         mention_count=pl.col("episode_id").n_unique(),
     )
-    named = (df.group_by([*keys, "name"]).agg(count=pl.len())
+    # A record's key name (`Employee 2`) names an entity only when nothing else does.
+    key_name = pl.col("attributes").cast(pl.String).str.json_path_match(
+        f"$.{RECORD_ATTRIBUTE}") == pl.col("name")
+    named = (df.group_by([*keys, "name"]).agg(count=pl.len(), key_name=key_name.any())
              .with_columns(words=pl.col("name").str.count_matches(r"\S+"),
                            chars=pl.col("name").str.len_chars())
-             .sort([*keys, "words", "count", "chars", "name"],
-                   descending=[False, False, True, True, True, False])
+             .sort([*keys, "key_name", "words", "count", "chars", "name"],
+                   descending=[False, False, False, True, True, True, False])
              .group_by(keys, maintain_order=True).agg(name=pl.col("name").first()))
     labelled = df.filter(pl.col("label").is_not_null())
     if mapped:  # an entity: one label, its strongest
@@ -173,13 +177,36 @@ def episode_mentions(mentions: pa.Table) -> pa.Table:
 
 def node_pairs(nodes: pa.Table) -> pa.Table:
     """Every name node as a self-pair, so clustering sees unpaired names too; `score`
-    carries its mention count (the tie-break for naming a cluster)."""
+    carries its mention count (the tie-break for naming a cluster), 0 for a record's key
+    name, which names its cluster only when nothing else does."""
+    keyed = pa.array(_is_key_name(nodes), pa.bool_())
     return pa.table({
         "group_id": nodes["group_id"], "a": nodes["normalized"], "b": nodes["normalized"],
         "evidence": pa.array(["node"] * nodes.num_rows, pa.string()),
-        "score": pc.cast(nodes["mention_count"], pa.float64()),
+        "score": pc.if_else(keyed, 0.0, pc.cast(nodes["mention_count"], pa.float64())),
         "merge": pa.array([False] * nodes.num_rows, pa.bool_()),
     }, schema=PAIRS)
+
+
+def record_key(attributes: str | None) -> str | None:
+    """The normalized key name of the business record a name stands for (its
+    RECORD_ATTRIBUTE, pipeline/extract/records.py: `employee 2`), None for other names."""
+    if not attributes or f'"{RECORD_ATTRIBUTE}"' not in attributes:
+        return None
+    value = json.loads(attributes).get(RECORD_ATTRIBUTE)
+    return normalize_name(value) if isinstance(value, str) and value.strip() else None
+
+
+def _attributes(nodes: pa.Table) -> list[str | None]:
+    if "attributes" not in nodes.column_names:  # names alone (tests, benchmarks)
+        return [None] * nodes.num_rows
+    return nodes["attributes"].to_pylist()
+
+
+def _is_key_name(nodes: pa.Table) -> list[bool]:
+    """Whether each node is a record's key name (`Employee 2`), not a name of its own."""
+    return [record_key(attributes) == normalized for attributes, normalized in zip(
+        _attributes(nodes), nodes["normalized"].to_pylist(), strict=True)]
 
 
 # --- cross-name resolution: blocking keys, pair decisions, union-find -----------------------
@@ -265,14 +292,15 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
     `c:` the order-free core name (legal forms, honorifics, abbreviations, word order),
     `d:` the core and its one-letter deletions (spelling variants), `f:` a first name (a
     lone "Maria" and the group's only "Maria ..."), `e<band>:` SimHash bands of the name
-    vector (which travels, as int8, only with these keys)."""
+    vector (which travels, as int8, only with these keys), `r:` the key name of the business
+    record a name stands for (`Nancy Edwards` and the `Employee 2` other records point at)."""
     features: dict[str, list] = {name: [] for name in (
         "core", "cls", "specific", "digits", "words", "lone", "personish")}
     owner: list[int] = []
     keys: list[str] = []
-    for row, (normalized, name, node_labels) in enumerate(zip(
+    for row, (normalized, name, node_labels, attributes) in enumerate(zip(
             nodes["normalized"].to_pylist(), nodes["name"].to_pylist(),
-            nodes["labels"].to_pylist(), strict=True)):
+            nodes["labels"].to_pylist(), _attributes(nodes), strict=True)):
         core = core_name(normalized, config)
         key_core = order_free(core)
         tokens = core.split()
@@ -284,6 +312,8 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
             node_keys += [f"d:{k}" for k in (key_core, *spelling)]
         if config.first_names and (lone or (len(tokens) > 1 and personish)):
             node_keys.append(f"f:{tokens[0]}")
+        if (record := record_key(attributes)) is not None:
+            node_keys.append(f"r:{record}")
         keys += node_keys
         owner += [row] * len(node_keys)
         for column, value in (("core", key_core), ("cls", label_class(node_labels)),
@@ -378,7 +408,7 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
           .sort([*block, "mentions", "normalized"], descending=[False, False, True, False])
           .with_columns(rank=pl.int_range(pl.len()).over(block))
           .filter(pl.col("rank") < config.max_block))
-    pairs = _block_pairs(df.filter(pl.col("kind").is_in(["c", "d"])), block).with_columns(
+    pairs = _block_pairs(df.filter(pl.col("kind").is_in(["c", "d", "r"])), block).with_columns(
         cosine=pl.lit(0.0))
     first = df.filter(pl.col("kind") == "f").drop("vector")
     full = first.filter(~pl.col("lone") & pl.col("personish")).with_columns(
@@ -401,7 +431,8 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
         (pl.col("cls") == "") | (pl.col("cls_b") == "") | (pl.col("cls") == pl.col("cls_b"))
         | shared)
     same_core = (pl.col("kind") == "d") & (pl.col("core") == pl.col("core_b"))  # c: has it
-    pairs = pairs.filter(compatible & ~same_core)
+    one_record = pl.col("kind") == "r"  # one record's names: a key decides, not the names
+    pairs = pairs.filter((compatible | one_record) & ~same_core)
     if pairs.height == 0:
         return PAIRS.empty_table()
     similarity = np.zeros(pairs.height)
@@ -417,13 +448,14 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     kind = pl.col("kind")
     decided = pairs.with_columns(similarity=pl.Series(similarity)).with_columns(
         evidence=pl.when(kind == "c").then(pl.lit("exact"))
+        .when(kind == "r").then(pl.lit("record"))
         .when(kind == "d").then(pl.lit("spelling"))
         .when(kind == "f").then(pl.lit("first_name"))
         .otherwise(pl.lit("embedding")),
-        score=pl.when(kind.is_in(["c", "f"])).then(pl.lit(1.0))
+        score=pl.when(kind.is_in(["c", "f", "r"])).then(pl.lit(1.0))
         .when(kind == "d").then(pl.col("similarity").round(4))
         .otherwise(pl.col("cosine").round(4)),
-        merge=pl.when(kind.is_in(["c", "f"])).then(pl.lit(True))
+        merge=pl.when(kind.is_in(["c", "f", "r"])).then(pl.lit(True))
         .when(kind == "d").then(pl.col("similarity") >= config.min_similarity)
         .otherwise((pl.col("cosine") >= config.embedding_merge) & named_both),
         keep=pl.when(kind == "e").then(pl.col("cosine") >= config.embedding_ambiguous)
@@ -443,7 +475,8 @@ ALIAS_MAP = schema.ALIAS_MAP
 def cluster(pairs: pa.Table) -> pa.Table:
     """Connected components of the merge pairs, per group (scipy, vectorized); `node`
     self-pairs list every name, paired or not. A cluster is named after its most complete
-    member (most words, most mentioned, then alphabetical); each name keeps the evidence of
+    member (a name of its own before a record's key name, then most words, most mentioned,
+    then alphabetical); each name keeps the evidence of
     the first merge (in (a, b, evidence) order) that touched it."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
@@ -466,8 +499,9 @@ def cluster(pairs: pa.Table) -> pa.Table:
     _, component = connected_components(graph, directed=False)
     nodes = nodes.with_columns(component=pl.Series(component),
                                words=pl.col("normalized").str.count_matches(r"\S+"))
-    roots = (nodes.sort(["component", "words", "mentions", "normalized"],
-                        descending=[False, True, True, False])
+    roots = (nodes.with_columns(key_name=pl.col("mentions") == 0)  # node_pairs' score
+             .sort(["component", "key_name", "words", "mentions", "normalized"],
+                   descending=[False, False, True, True, False])
              .group_by("component", maintain_order=True).agg(root=pl.col("normalized").first()))
     touched = pl.concat([
         merges.select("order", "evidence", "score", i=pl.col("ia")),

@@ -285,6 +285,9 @@ ENTITY_MENTIONS = pa.schema([
 # The subjects whose edges an incremental run rebuilt (facts -> versions): every other
 # subject's stored versions stay as they are (entity ids hold their group).
 RECOMPUTED_SUBJECTS = pa.schema([("source_entity_id", pa.string())])
+# The entity attribute that holds the key name of the business record an entity stands for
+# ("Employee 2"): written by extract/records.py, merged on by resolve.py.
+RECORD_ATTRIBUTE = "record"
 ALIAS_MAP = pa.schema([
     ("group_id", pa.string()), ("normalized", pa.string()), ("entity_id", pa.string()),
     ("root", pa.string()), ("evidence", pa.string()), ("score", pa.float64()),

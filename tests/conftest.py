@@ -23,7 +23,9 @@ settings.load_profile("tkg")
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "corpus"
-SHARED_DATA = ROOT.parent / "shared" / "data"
+# ../shared/data beside the checkout; TKG_SHARED_DATA names it for a checkout elsewhere (a
+# git worktree).
+SHARED_DATA = Path(os.environ.get("TKG_SHARED_DATA") or ROOT.parent / "shared" / "data")
 
 
 @pytest.fixture(scope="session")

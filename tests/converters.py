@@ -6,11 +6,10 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-CHINOOK_KEYS = {  # Django foreign keys -> the id field of the record they point at
-    "customer": "customer_id", "artist": "artist_id", "album": "album_id",
-    "supportrep": "employee_id", "reportsto": "manager_employee_id", "genre": "genre_id",
-    "mediatype": "mediatype_id", "invoice": "invoice_id", "track": "track_id",
-}
+# Django foreign keys (each holds the pk of another record) -> `<field>_id`, the key field
+# form records are mapped by (pipeline/extract/records.py).
+CHINOOK_REFERENCES = {"customer", "artist", "album", "support_rep", "reports_to", "genre",
+                      "mediatype", "invoice", "track", "playlist"}
 CHINOOK_DATES = ("invoicedate", "hiredate")
 
 
@@ -47,7 +46,7 @@ def chinook_to_episodes(path: Path, models: tuple[str, ...], group_id: str = "ch
             continue
         data = {f"{model}_id": item["pk"]}
         for key, value in item["fields"].items():
-            data[CHINOOK_KEYS.get(key, key) if value is not None else key] = value
+            data[f"{key}_id" if key in CHINOOK_REFERENCES and value is not None else key] = value
         when = next((item["fields"][k] for k in CHINOOK_DATES if item["fields"].get(k)),
                     "2007-01-01T00:00:00Z")
         records.append({

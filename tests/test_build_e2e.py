@@ -187,6 +187,16 @@ def test_records_link_by_key(corpus_db):
     assert customer >= 1
 
 
+def test_record_scalars_are_attributes_of_the_record(corpus_db):
+    """crm-contact-002-v2 replaces v1's email; an email, a seat count are never entities."""
+    maria = json.loads(corpus_db.execute(
+        "SELECT attributes FROM entities WHERE group_id = 'acme' AND name = 'Maria Lopez'"
+    ).fetchone()[0])
+    assert (maria["email"], maria["record"]) == ("maria.lopez@globex.example", "Contact CON-002")
+    assert corpus_db.execute("SELECT count(*) FROM entities WHERE name LIKE '%@%' "
+                             "OR name = '120'").fetchone() == (0,)
+
+
 def test_redelivered_messages_count_once_in_provenance(corpus_db, expected):
     duplicate = schema.stable_id("acme", "acme-conv-2024-04-02-m01")
     rows = corpus_db.execute(
@@ -326,10 +336,12 @@ def test_bad_input_and_public_data_build(ray_session, config, tmp_path):
                 SELECT count(DISTINCT f.source_entity_id) FROM facts f
                 JOIN entities t ON t.entity_id = f.target_entity_id
                 WHERE f.group_id = 'chinook' AND f.relation = 'CUSTOMER'
-                  AND t.name LIKE 'Customer %'""").fetchone()[0]
+                  AND json_extract_string(t.attributes, '$.record') LIKE 'Customer %'
+                """).fetchone()[0]
             assert linked == 412
-            assert con.execute("SELECT count(*) FROM entities WHERE group_id = 'chinook' "
-                               "AND name = 'Customer 2'").fetchone() == (1,)
+            assert con.execute("SELECT count(*) FROM entities WHERE group_id = 'chinook' AND "
+                               "json_extract_string(attributes, '$.record') = 'Customer 2'"
+                               ).fetchone() == (1,)  # one entity, named by its name
     assert not list((tmp_path / "store").rglob("passwd"))
 
 

@@ -100,14 +100,14 @@ def test_records_are_mapped_and_the_rest_left_to_the_model():
              episode("json", "{not json", source="s")]
     found, model = mapped_extractions(items, max_depth=3)
     assert model == [0, 2] and found[0] is None and found[2] is None
-    assert found[1].entities[0].name == "Customer C-1"
+    assert found[1].entities[0].name == "Initech"
     assert found[3].error.startswith("extraction failed: JSONDecodeError")
 
 
 # --- a new kind is one descriptor ---------------------------------------------------------
 
 
-def _note_mapping(item: EpisodeInput, _max_depth: int) -> Extraction:
+def _note_mapping(item: EpisodeInput, _max_depth: int, _records: object) -> Extraction:
     out = Extraction()
     out.add_entity(item.title or "", "Note")
     return out

@@ -81,7 +81,8 @@ def test_a_batch_keeps_order_and_mixes_kinds(extractor):
     results = extractor.extract(episodes)
     assert len(results) == 3
     assert ("Ana", "LIVE_IN", "Lisbon") in triples(results[0])
-    assert results[1].entities[0].name == "Customer C-1"
+    assert results[1].entities[0].name == "Globex"  # named by its name, known by its key
+    assert json.loads(results[1].entities[0].attributes)["record"] == "Customer C-1"
     assert results[2].facts == []
 
 
@@ -106,7 +107,9 @@ def test_record_mapping_links_by_key_and_keeps_attributes():
     assert ("Ticket T-17", "CUSTOMER", "Customer C-001") in facts
     assert ("Ticket T-17", "STATUS", "open") in facts
     assert ("Ticket T-17", "ASSIGNEE", "Sam Patel") in facts
-    assert ("Ticket T-17 LineItem 1", "SKU", "A1") in facts
+    assert ("Ticket T-17", "LINE_ITEMS", "Ticket T-17 LineItem 1") in facts
+    item = next(e for e in result.entities if e.name == "Ticket T-17 LineItem 1")
+    assert json.loads(item.attributes) == {"sku": "A1", "qty": 2}  # a code: no entity
     labels = {e.name: e.label for e in result.entities}
     assert labels["Sam Patel"] == "Person"
     attributes = json.loads(result.entities[0].attributes)

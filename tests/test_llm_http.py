@@ -77,8 +77,8 @@ def test_records_cost_no_call():
         [found] = LlmExtractor(TkgConfig(extract={"backend": "llm"},
                                          llm=llm_config(server.urls))).extract([record])
     assert server.log == [] and found.llm_calls == 0
-    assert [(f.source, f.relation, f.target) for f in found.facts] == [
-        ("Customer CUST-001", "NAME", "Initech")]
+    assert [(e.name, json.loads(e.attributes)) for e in found.entities] == [
+        ("Initech", {"customer_id": "CUST-001", "record": "Customer CUST-001"})]
 
 
 def test_client_errors_are_not_retried():

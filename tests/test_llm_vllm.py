@@ -147,7 +147,7 @@ def test_two_pass_composition_with_recorded_answers(ray_session, rows, vllm_conf
     extractions = {r["episode_id"]: r for r in out.take_all()}
     assert len(extractions) == 10
     assert extractions["rec-1"]["llm_calls"] == 0
-    assert extractions["rec-1"]["facts"][0]["relation"] == "NAME"
+    assert extractions["rec-1"]["entities"][0]["name"] == "Initech Inc."  # its name: no fact
     failed = {k: (r["llm_calls"], r["raw_output"]) for k, r in extractions.items() if r["error"]}
     assert failed == {"acme-conv-2024-01-15-m08": (2, MALFORMED[1])}
     assert extractions["acme-conv-2024-01-15-m06"]["llm_calls"] == 2  # recovered on retry

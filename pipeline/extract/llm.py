@@ -26,7 +26,8 @@ class LlmExtractor:
         self.llm = llm if llm is not None else build_llm(config.llm)
 
     def extract(self, episodes: list[EpisodeInput]) -> list[Extraction]:
-        results, texts = mapped_extractions(episodes, self.config.extract.record_fact_depth)
+        results, texts = mapped_extractions(episodes, self.config.extract.record_fact_depth,
+                                            self.config.records)
         context = self.config.extract.context_messages
         requests = [extraction_request(episodes[i], context, self.config.facts) for i in texts]
         outcomes = complete_parsed(

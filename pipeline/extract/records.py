@@ -1,49 +1,41 @@
-"""JSON business records -> entities and facts, by a fixed mapping (not by flattening text).
+"""JSON business records -> entities, edges and attributes, by a fixed mapping (not by
+flattening text), shared by every extractor backend. What it reads is config `records`
+(`RecordsConfig`: inference, overridden per source by `records.sources`):
 
-The mapping, shared by every extractor backend:
-
-1. The record is an entity. Its label is the singular of the source's last segment
-   (`crm.customers` -> `Customer`). Its key is the value of `id`, `<label>_id` or the first
-   `*_id` field; its name is `"<Label> <key>"` (`Customer C-001`), or `"<Label> <record id>"`
-   when it has no key. Every other record that holds `customer_id: C-001` points at the
-   same name, so records link by key without any text matching. A record about one person
-   (an employee, a contact: PERSON_RECORDS) with a `name` is that person instead: entity
-   `Marcus Bell`, label Person, which the resolver meets in the group's messages by name.
-2. Each field becomes a fact from the record entity, with the key as the relation
-   (SCREAMING_SNAKE_CASE, `_id` dropped) and the fact text `"<record>: <key> <value>"`:
-   - id-like fields (`*_id`, `*Id`): the target is the referenced record, `"<Label> <value>"`;
-   - name-like fields (`name`, `*_name`, `company`, `assignee`, `city`, ... see NAME_KEYS)
-     and short categorical strings (at most MAX_VALUE_WORDS words): the target is an entity
-     named by the value, labelled after the key;
-   - nested objects and lists of objects become child records (label = singular key), linked
-     by the key, up to a depth limit; lists of scalars give one fact per item.
-3. Everything else (numbers, booleans, dates, long text) goes into the record entity's
-   `attributes`, so nothing of the record is lost from the graph.
+1. The record is one entity. Its label is the singular of the source's last segment
+   (`crm.customers` -> `Customer`; a record about one person, PERSON_RECORDS, is a Person).
+   Its key is the value of its key field (`id`, `<label>_id`, ... then the first `*_id`);
+   its *key name* is `"<Label> <key>"` (`Employee 2`). It is named by its name fields
+   (`name`, `first_name` + `last_name`, ...: `Nancy Edwards`), else by its key name.
+2. A reference field (`customer_id`, or one named in `references`) is an edge to the key
+   name of the record it points at (`REPORTS_TO Employee 2`). Every entity of a record
+   carries its key name in the attribute RECORD_ATTRIBUTE, and entity resolution merges the
+   names that carry one key name (pipeline/resolve.py): the edge meets the referenced
+   record's own entity (`Nancy Edwards`), whichever run or episode brought that record.
+3. An entity field (`company`, `city`, ... `records.entity_fields`) with a short text value
+   is an edge to an entity of that name, labelled after the field.
+4. Nested objects and lists of objects are child records (label = singular field name),
+   linked by the field, up to the depth limit; lists of short texts give one edge per item.
+5. Every other value (phones, postal codes, emails, first names, numbers, dates, long text)
+   is an attribute of the record's entity: stored, searchable and summarized, never an
+   entity. A newer version of the record replaces its attributes (resolution merges the
+   attributes of one entity, later ones win).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
+from tkg.pipeline import schema
+from tkg.pipeline.config import RecordsConfig, RecordSource
 from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
 
-NAME_KEYS = {
-    "name", "title", "company", "company_name", "organization", "employer", "assignee",
-    "owner", "contact", "contact_name", "customer_name", "author", "manager", "city",
-    "country", "region", "product", "product_name", "vendor", "artist", "album", "genre",
-    "speaker", "team", "department", "first_name", "last_name", "full_name", "email",
-}
-KEY_LABELS = {
-    "company": "Organization", "company_name": "Organization", "organization": "Organization",
-    "employer": "Organization", "vendor": "Organization", "city": "Location",
-    "country": "Location", "region": "Location", "assignee": "Person", "owner": "Person",
-    "contact": "Person", "contact_name": "Person", "author": "Person", "manager": "Person",
-    "full_name": "Person", "customer_name": "Organization", "email": "Email",
-}
-# Records about one person: named by the person (not "<Label> <key>"), so the resolver meets
-# the same person in the group's messages by name; the key stays in the attributes.
+RECORD_ATTRIBUTE = schema.RECORD_ATTRIBUTE  # the key name ("Employee 2"): resolution merges on it
+# Records about one person are labelled Person, so the resolver meets the same person in
+# the group's messages by name.
 PERSON_RECORDS = {"Contact", "Employee", "Person", "People", "User", "Staff", "Member",
                   "Patient", "Student", "Candidate", "Author", "Teacher"}
 MAX_VALUE_WORDS = 6
@@ -67,21 +59,14 @@ def label_of(name: str) -> str:
     return "".join(part.capitalize() for part in re.split(r"[_\-\s]+", singular(last)) if part)
 
 
-def _referenced_label(key: str) -> str | None:
-    match = ID_KEY.match(key)
-    if not match or not match.group(1):
-        return None
-    return label_of(match.group(1))
+def _folded(field: str) -> str:
+    """A field name without case or separators: `postal_code`, `PostalCode` -> postalcode."""
+    return re.sub(r"[^a-z0-9]", "", field.lower())
 
 
-def _record_key(data: dict, label: str) -> str | None:
-    candidates = ["id", "pk", f"{label.lower()}_id", f"{label.lower()}Id"]
-    candidates += [k for k in data if ID_KEY.match(k)]
-    for key in candidates:
-        value = data.get(key)
-        if isinstance(value, str | int) and not isinstance(value, bool) and str(value).strip():
-            return key
-    return None
+def _is_scalar_key(value: Any) -> bool:
+    return isinstance(value, str | int) and not isinstance(value, bool) and bool(
+        str(value).strip())
 
 
 def _is_short_text(value: Any) -> bool:
@@ -92,100 +77,152 @@ def _is_short_text(value: Any) -> bool:
     )
 
 
-def _map_record(
-    out: Extraction, data: dict, label: str, name: str, episode: EpisodeInput,
-    depth: int, max_depth: int,
-) -> None:
-    attributes: dict[str, Any] = {}
-    own_key = _record_key(data, label)
-    for key, value in data.items():
-        if key == own_key:
-            attributes[key] = value
-            continue
-        relation = relation_name(re.sub(r"_?(id|Id|ID)$", "", key) or key)
-        words = key.replace("_", " ")
-        referenced = _referenced_label(key)
-        if referenced and isinstance(value, str | int) and not isinstance(value, bool):
-            target = f"{referenced} {value}"
-            out.add_entity(target, referenced)
-            out.facts.append(
-                ExtractedFact(name, target, relation, f"{name}: {words} {value}",
-                              valid_at=episode.valid_at)
-            )
-        elif isinstance(value, dict) and depth < max_depth:
-            child_label = label_of(key)
-            child_key = _record_key(value, child_label)
-            child = f"{child_label} {value[child_key]}" if child_key else f"{name} {child_label}"
-            out.add_entity(child, child_label)
-            out.facts.append(
-                ExtractedFact(name, child, relation, f"{name}: {words} {child}",
-                              valid_at=episode.valid_at)
-            )
-            _map_record(out, value, child_label, child, episode, depth + 1, max_depth)
-        elif isinstance(value, list) and value and depth < max_depth:
-            child_label = label_of(key)
-            for index, item in enumerate(value, start=1):
-                if isinstance(item, dict):
-                    item_key = _record_key(item, child_label)
-                    child = (f"{child_label} {item[item_key]}" if item_key
-                             else f"{name} {child_label} {index}")
-                    out.add_entity(child, child_label)
-                    out.facts.append(ExtractedFact(name, child, relation,
-                                                   f"{name}: {words} {child}",
-                                                   valid_at=episode.valid_at))
-                    _map_record(out, item, child_label, child, episode, depth + 1, max_depth)
-                elif _is_short_text(item):
-                    out.add_entity(item.strip(), child_label)
-                    out.facts.append(ExtractedFact(name, item.strip(), relation,
-                                                   f"{name}: {words} {item.strip()}",
-                                                   valid_at=episode.valid_at))
-                else:
-                    attributes.setdefault(key, []).append(item)
-        elif _is_short_text(value) and (key.lower() in NAME_KEYS or not _looks_like_date(value)):
-            if key.lower() in ("name", "title", "full_name") and depth == 0 and (
-                    label not in PERSON_RECORDS):
-                target_label = label
+def key_field(data: dict, label: str, source: RecordSource, config: RecordsConfig
+              ) -> str | None:
+    """The field whose value identifies the record: the source's `key`, else the first of
+    `key_fields` it fills, else its first id-like field."""
+    candidates = [source.key] if source.key else [
+        k.format(label=label.lower()) for k in config.key_fields]
+    candidates += [k for k in data if ID_KEY.match(k) and k not in source.references]
+    return next((k for k in candidates if k and _is_scalar_key(data.get(k))), None)
+
+
+def key_name(label: str, value: Any) -> str:
+    """The name every record with this label and key is known by: `Employee 2`."""
+    return f"{label} {str(value).strip()}"
+
+
+def _name_fields(data: dict, source: RecordSource, config: RecordsConfig) -> tuple[str, ...]:
+    """The fields that name the record: the source's, else the first inferred group filled."""
+    groups = (source.name_fields,) if source.name_fields else config.name_fields
+    for group in groups:
+        if group and all(_is_short_text(data.get(f)) for f in group):
+            return tuple(group)
+    return ()
+
+
+def _referenced_label(field: str, source: RecordSource) -> str | None:
+    """The label of the record a reference field points at, None for other fields."""
+    if field in source.references:
+        return source.references[field]
+    match = ID_KEY.match(field)
+    return label_of(match.group(1)) if match and match.group(1) else None
+
+
+def _entity_label(field: str, config: RecordsConfig, source: RecordSource) -> str | None:
+    """The label of an entity field's value (matched by name or name ending: billingcity is
+    a city), None when the field is not an entity field."""
+    folded = _folded(field)
+    if field in source.entities:
+        return config.entity_labels.get(field, label_of(field))
+    for name in config.entity_fields:
+        if folded.endswith(_folded(name)):
+            return config.entity_labels.get(name, label_of(field))
+    return None
+
+
+class _Mapper:
+    """One record (and its children) -> entities, facts and attributes."""
+
+    def __init__(self, episode: EpisodeInput, config: RecordsConfig, max_depth: int) -> None:
+        self.episode, self.config, self.max_depth = episode, config, max_depth
+        self.source = config.sources.get(episode.source or "", RecordSource())
+        self.out = Extraction()
+
+    def fact(self, subject: str, field: str, target: str) -> None:
+        relation = self.source.relations.get(field) or relation_name(
+            re.sub(r"_?(id|Id|ID)$", "", field) or field)
+        words = field.replace("_", " ")
+        self.out.facts.append(ExtractedFact(subject, target, relation,
+                                            f"{subject}: {words} {target}",
+                                            valid_at=self.episode.valid_at))
+
+    def record(self, data: dict, label: str, fallback: str, depth: int) -> str:
+        """Map one record; its entity's name."""
+        key = key_field(data, label, self.source if depth == 0 else RecordSource(),
+                        self.config)
+        known_as = key_name(label, data[key]) if key else fallback
+        naming = _name_fields(data, self.source if depth == 0 else RecordSource(),
+                              self.config)
+        name = " ".join(data[f].strip() for f in naming) or known_as
+        self.out.add_entity(name, "Person" if label in PERSON_RECORDS and naming else label)
+        entity = next(e for e in self.out.entities if e.name == name)
+        attributes: dict[str, Any] = {RECORD_ATTRIBUTE: known_as} if key else {}
+        for field, value in data.items():
+            if field in naming or field in self.source.drop or value is None:
+                continue
+            if field == key or not self.field(name, field, value, depth):
+                attributes[field] = value
+        entity.attributes = json.dumps(attributes, ensure_ascii=False, sort_keys=True,
+                                       default=str)
+        return name
+
+    def field(self, subject: str, field: str, value: Any, depth: int) -> bool:
+        """Map one field as an edge (True), or leave it to the attributes (False)."""
+        if field in self.source.attributes:
+            return False
+        return any(handler(self, subject, field, value, depth) for handler in FIELD_HANDLERS)
+
+    def reference(self, subject: str, field: str, value: Any, _depth: int) -> bool:
+        referenced = _referenced_label(field, self.source)
+        if referenced is None or not _is_scalar_key(value):
+            return False
+        target = key_name(referenced, value)
+        self.out.add_entity(target, referenced, json.dumps({RECORD_ATTRIBUTE: target}))
+        self.fact(subject, field, target)
+        return True
+
+    def entity(self, subject: str, field: str, value: Any, _depth: int) -> bool:
+        label = _entity_label(field, self.config, self.source)
+        if label is None or not _is_short_text(value):
+            return False
+        self.out.add_entity(value.strip(), label)
+        self.fact(subject, field, value.strip())
+        return True
+
+    def child(self, subject: str, field: str, value: Any, depth: int) -> bool:
+        if not isinstance(value, dict) or depth >= self.max_depth:
+            return False
+        child = self.record(value, label_of(field), f"{subject} {label_of(field)}", depth + 1)
+        self.fact(subject, field, child)
+        return True
+
+    def items(self, subject: str, field: str, value: Any, depth: int) -> bool:
+        """A list of objects (child records) or of short texts (entities); anything else in
+        the list stays an attribute."""
+        if not isinstance(value, list) or not value or depth >= self.max_depth:
+            return False
+        if not all(isinstance(i, dict) or (_is_short_text(i) and not _has_digit(i))
+                   for i in value):
+            return False
+        label = label_of(field)
+        for index, item in enumerate(value, start=1):
+            if isinstance(item, dict):
+                target = self.record(item, label, f"{subject} {label} {index}", depth + 1)
             else:
-                target_label = KEY_LABELS.get(key.lower(), label_of(key))
-            out.add_entity(value.strip(), target_label)
-            out.facts.append(
-                ExtractedFact(name, value.strip(), relation, f"{name}: {words} {value.strip()}",
-                              valid_at=episode.valid_at)
-            )
-        else:
-            attributes[key] = value
-    for entity in out.entities:
-        if entity.name == name:
-            entity.attributes = json.dumps(attributes, ensure_ascii=False, sort_keys=True,
-                                           default=str)
+                target = item.strip()
+                self.out.add_entity(target, label)
+            self.fact(subject, field, target)
+        return True
 
 
-def _looks_like_date(value: str) -> bool:
-    return bool(re.match(r"^\d{4}-\d{2}-\d{2}", value.strip())) or value.strip().isdigit()
+def _has_digit(text: str) -> bool:
+    return any(c.isdigit() for c in text)
 
 
-def extract_record(episode: EpisodeInput, max_depth: int = 3) -> Extraction:
+# Tried in order on each field; the first that maps it wins, none: an attribute.
+FIELD_HANDLERS: tuple[Callable[[_Mapper, str, str, Any, int], bool], ...] = (
+    _Mapper.reference, _Mapper.entity, _Mapper.child, _Mapper.items)
+
+
+def extract_record(episode: EpisodeInput, max_depth: int = 3,
+                   config: RecordsConfig | None = None) -> Extraction:
     """Entities and facts of one JSON record episode."""
-    data = json.loads(episode.content)
-    label = label_of(episode.source or "record")
-    key = _record_key(data, label)
-    name = f"{label} {data[key]}" if key else f"{label} {episode.source_id or episode.episode_id}"
-    out = Extraction()
-    person = _person_name(data, label)
-    if person is not None:  # the record is the person: its fields are the person's facts
-        name, data = data[person].strip(), {k: v for k, v in data.items() if k != person}
-        out.add_entity(name, "Person")
-    else:
-        out.add_entity(name, label)
-    _map_record(out, data, label, name, episode, 0, max_depth)
-    return out
-
-
-def _person_name(data: dict, label: str) -> str | None:
-    """The key of a person record's name (`"name": "Marcus Bell"` on an employee), or None."""
-    if label not in PERSON_RECORDS:
-        return None
-    return next((k for k in ("full_name", "name") if _is_short_text(data.get(k))), None)
+    mapper = _Mapper(episode, config or RecordsConfig(), max_depth)
+    label = mapper.source.label or label_of(episode.source or "record")
+    fallback = f"{label} {episode.source_id or episode.episode_id}"
+    mapper.record(json.loads(episode.content), label, fallback, 0)
+    return mapper.out
 
 
 def record_text(content: str, max_items: int = 48) -> str:

@@ -107,7 +107,8 @@ class SpacyExtractor:
         return self._embedder.embed(texts)
 
     def extract(self, episodes: list[EpisodeInput]) -> list[Extraction]:
-        results, model = mapped_extractions(episodes, self.config.extract.record_fact_depth)
+        results, model = mapped_extractions(episodes, self.config.extract.record_fact_depth,
+                                            self.config.records)
         texts = [(episodes[index].content, index) for index in model]
         for doc, index in self.nlp.pipe(texts, as_tuples=True, batch_size=64):
             results[index] = guarded(self._from_doc, doc, episodes[index])

@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 from tkg.pipeline import schema
-from tkg.pipeline.config import LlmConfig, TkgConfig
+from tkg.pipeline.config import LlmConfig, RecordsConfig, TkgConfig
 from tkg.pipeline.episode_kinds import episode_kind, mapped_extractions
 from tkg.pipeline.extract.base import EPISODE_COLUMNS, EpisodeInput, Extraction
 from tkg.pipeline.llm.base import ChatRequest, Completion, Usage
@@ -133,10 +133,11 @@ def to_extractions(batch: pa.Table) -> pa.Table:
     return schema.from_rows(rows, schema.EXTRACTIONS)
 
 
-def mapped_rows(batch: pa.Table, max_depth: int) -> pa.Table:
+def mapped_rows(batch: pa.Table, max_depth: int, records: RecordsConfig) -> pa.Table:
     """Kinds with a fixed mapping (JSON records) keep it: exact, and no call."""
     episodes = batch.select(list(EPISODE_COLUMNS)).to_pylist()
-    found_all, _ = mapped_extractions([EpisodeInput.of(row) for row in episodes], max_depth)
+    found_all, _ = mapped_extractions([EpisodeInput.of(row) for row in episodes], max_depth,
+                                      records)
     rows = []
     for row, found in zip(episodes, found_all, strict=True):
         rows.append({"episode_id": row["episode_id"], "group_id": row["group_id"],
@@ -168,7 +169,7 @@ def vllm_extract(episodes, config: TkgConfig, processor: Callable | None = None)
     processor = processor or build_extract_processor(config)
     depth = config.extract.record_fact_depth
     records = episodes.filter(lambda r: not _by_model(r)).map_batches(
-        mapped_rows, batch_format="pyarrow", fn_args=(depth,))
+        mapped_rows, batch_format="pyarrow", fn_args=(depth, config.records))
     texts = episodes.filter(_by_model).select_columns(list(EPISODE_COLUMNS))
     first = processor(texts).materialize()
     ok = first.filter(lambda r: not r.get("retry_error"))
