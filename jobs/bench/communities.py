@@ -11,7 +11,6 @@ same Arrow tables a snapshot holds, and the refresh runs the same functions as
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sys
 import time
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from tkg.jobs.bench.figures import print_figures
+from tkg.jobs.bench.figures import print_figures, report
 
 SYLLABLES = ("ka", "lo", "mi", "ra", "ten", "vo", "sha", "dri", "an", "bel", "cor", "du",
              "el", "fin", "gar", "hul", "is", "jor", "kel", "lum", "mar", "nor", "ost", "pel")
@@ -171,5 +170,4 @@ def add_command(benches: argparse._SubParsersAction) -> None:
 def run_command(args: argparse.Namespace) -> int:
     figures = bench_communities(args.nodes, args.edges, community_size=args.community_size,
                                 p_in=args.p_in, seed=args.seed, trace=args.tracemalloc)
-    print(json.dumps(figures, default=str)) if args.json else print_bench(figures)
-    return 0
+    return report(figures, args.json, print_bench)

@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Callable, Mapping
 from typing import Any
+
+
+def report(figures: dict[str, Any], as_json: bool,
+           print_table: Callable[[dict[str, Any]], None]) -> int:
+    """A bench's result on stdout: one JSON line (`--json`) or its table; the exit code."""
+    if as_json:
+        print(json.dumps(figures, default=str))
+    else:
+        print_table(figures)
+    return 0
 
 
 def print_figures(title: str, figures: Mapping[str, Any]) -> None:

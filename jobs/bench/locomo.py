@@ -24,6 +24,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from tkg.jobs.bench.figures import report
+
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo10.json"
 TURN_SECONDS = 5
 KS = (1, 5, 10)
@@ -166,8 +168,4 @@ def run_command(args: argparse.Namespace) -> int:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     figures = bench_locomo(Path(args.data), config_path=args.config, workdir=args.workdir,
                            samples=args.samples, store=args.store)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print_bench(figures)
-    return 0
+    return report(figures, args.json, print_bench)

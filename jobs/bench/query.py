@@ -12,7 +12,6 @@ and the index build time. Never gates on time.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import tempfile
 import time
@@ -23,7 +22,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tkg.jobs.bench.figures import print_figures
+from tkg.jobs.bench.figures import print_figures, report
 from tkg.pipeline import schema, store
 from tkg.pipeline.config import QueryConfig
 from tkg.pipeline.synthetic_embed import TOPICS, SyntheticEmbedder, model_name
@@ -263,8 +262,4 @@ def add_command(benches: argparse._SubParsersAction) -> None:
 def run_command(args: argparse.Namespace) -> int:
     figures = bench_query(args.facts, queries=args.queries, dim=args.dim, groups=args.groups,
                           workdir=args.workdir, seed=args.seed, reuse=args.reuse)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print_bench(figures)
-    return 0
+    return report(figures, args.json, print_bench)

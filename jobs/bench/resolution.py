@@ -13,7 +13,6 @@ this measures, only the resolver's.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import tempfile
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from tkg.jobs.bench.figures import print_figures
+from tkg.jobs.bench.figures import print_figures, report
 
 _FIRST_NAMES = (
     "James Mary Robert Patricia John Jennifer Michael Linda David Elizabeth William Barbara "
@@ -316,11 +315,7 @@ def run_command(args: argparse.Namespace) -> int:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     figures = bench_resolution(args.mentions, seed=args.seed, groups=args.groups, dim=args.dim,
                                variant_cosine=args.variant_cosine, config_path=args.config)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print_bench(figures)
-    return 0
+    return report(figures, args.json, print_bench)
 
 
 def print_bench(figures: dict[str, Any]) -> None:

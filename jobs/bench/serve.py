@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tkg.jobs.bench.figures import print_figures
+from tkg.jobs.bench.figures import print_figures, report
 from tkg.pipeline import store
 
 
@@ -276,11 +276,7 @@ def run_command(args: argparse.Namespace) -> int:
     figures = bench_serve(args.facts, seconds=args.seconds, concurrency=args.concurrency,
                           dim=args.dim, groups=args.groups, workdir=args.workdir,
                           publish=not args.no_publish, processes=args.processes)
-    if args.json:
-        print(json.dumps(figures))
-    else:
-        print_bench(figures)
-    return 0
+    return report(figures, args.json, print_bench)
 
 if __name__ == "__main__":  # the load process: URL WORKLOAD SECONDS CONCURRENCY
     url, path, secs, conc = sys.argv[1:5]
