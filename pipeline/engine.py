@@ -306,7 +306,5 @@ def shuffle_together(ctx: RunContext, parts: dict[str, Dataset], keys: list[str]
     if all(table is not None for table in local.values()):
         return as_dataset(fn(pa.concat_tables([tag(table, name) for name, table in local.items()]),
                              *fn_args))
-    marked = [rows.map_batches(tag, batch_format="pyarrow", fn_args=(name,))
-              for name, rows in present.items()]
-    united = marked[0].union(*marked[1:]) if len(marked) > 1 else marked[0]
-    return shuffle(ctx, united, keys, fn, *fn_args)
+    marked = [map(ctx, rows, tag, name) for name, rows in present.items()]
+    return shuffle(ctx, union(ctx, *marked), keys, fn, *fn_args)
