@@ -182,6 +182,8 @@ def union(ctx: RunContext, first: Dataset, *others: Dataset) -> Dataset:
     """The rows of every dataset, one after the other, gathered in the driver when the
     policy places each there."""
     parts = (first, *others)
+    if not others:
+        return first  # Ray plans a union of one dataset as an error (needs two children)
     if not all(policy(ctx).on_driver(ds) for ds in parts):
         return first.union(*others)
     return _gathered([block for ds in parts for block in _blocks(ds)])

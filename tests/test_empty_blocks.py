@@ -149,3 +149,17 @@ def test_gather_is_bounded_by_the_policy(ctx):
         "ray": ctx.config.ray.model_copy(update={"gather_mb": 0})}))
     with pytest.raises(engine.DriverLimitError, match="stored pairs"):
         engine.gather(tight, ds, ["key"], what="stored pairs")
+
+
+def test_shuffle_together_with_one_part_that_has_rows(ctx):
+    """Several parts of which only one has rows: on Ray Data the union of that one part
+    alone (which Ray cannot plan as a union) gives its rows, tagged once."""
+    from tkg.pipeline.engine import shuffle_together
+
+    def tag(block: pa.Table, name: str) -> pa.Table:
+        return block.append_column("side", pa.array([name] * block.num_rows, pa.string()))
+
+    out = shuffle_together(ctx, {"full": _dataset(FULL), "none": _dataset(KEYED.empty_table())},
+                           ["group_id"], tag, lambda block: block)
+    assert [(r["key"], r["side"]) for r in _rows(out)] == [("a", "full"), ("a", "full"),
+                                                           ("b", "full")]
