@@ -231,8 +231,26 @@ class ResolveConfig(_Section):
     simhash_bands: int = Field(6, description="SimHash bands of name vectors; 0 = off")
     simhash_bits: int = 16
     max_block: int = Field(200, description="names compared pairwise under one blocking key")
-    first_names: bool = Field(
-        True, description="a lone first name joins the group's only full name starting with it"
+    short_names: bool = Field(
+        True, description="a first or last name alone (Tetlow), a given name that sounds the "
+        "same (Steven), an organisation without its generic head (Fordham) or a code without "
+        "its type word (T-23) joins the group's one full name it can mean; two: apart"
+    )
+    generic_heads: tuple[str, ...] = Field(
+        ("university", "college", "school", "academy", "institute", "hospital", "clinic",
+         "bank", "church", "museum", "library", "foundation", "association", "society",
+         "club", "center", "centre", "group", "company", "corporation", "airlines",
+         "studios", "records", "press"),
+        description="last words of an organisation's name that its short form drops "
+        "(Fordham University -> Fordham)",
+    )
+    given_name_similarity: float = Field(
+        0.75, description="character similarity (Indel ratio) at which a lone name that "
+        "sounds like a full name's given name is that name (Steven, Stephen Dubner)"
+    )
+    nickname_chars: int = Field(
+        3, description="shortest lone name taken as the start of a person's given name (Mel, "
+        "Melanie) when the group's mentions of both overlap in time; 0 = off"
     )
     adjudicator: Literal["none", "llm"] = Field(
         "none", description="judge of undecided pairs (pipeline/adjudicate.py); none = keep apart"

@@ -220,7 +220,8 @@ KEYED_NAMES = pa.schema([
     ("core", pa.string()), ("cls", pa.string()), ("specific", pa.list_(pa.string())),
     ("digits", pa.string()),
     ("mentions", pa.int64()), ("words", pa.int64()), ("lone", pa.bool_()),
-    ("personish", pa.bool_()), ("vector", pa.list_(pa.int8())),
+    ("personish", pa.bool_()), ("role", pa.string()), ("part", pa.string()),
+    ("first_seen", schema.TS), ("last_seen", schema.TS), ("vector", pa.list_(pa.int8())),
 ])
 PAIRS = schema.RESOLUTION_PAIRS
 
@@ -279,6 +280,70 @@ def simhash_codes(vectors: np.ndarray, bands: int, bits: int) -> np.ndarray:
     return (signs * (1 << np.arange(bits, dtype=np.int64))).sum(axis=2)
 
 
+# A consonant skeleton of a word, so that given names spelt differently but said alike
+# (Steven, Stephen; Catherine, Katherine; Jon, John) share a block; a similarity threshold
+# (`given_name_similarity`) then keeps apart the ones that only sound alike (Tim, Tom).
+_SOUNDS = ((re.compile("ph"), "f"), (re.compile("ck"), "k"), (re.compile("c(?=[eiy])"), "s"),
+           (re.compile("[cq]"), "k"), (re.compile("x"), "ks"), (re.compile("z"), "s"),
+           (re.compile("v"), "f"), (re.compile("dg"), "j"))
+_NOT_LETTER = re.compile("[^a-z]")
+_QUIET = re.compile("[aeiouyhw]")
+_REPEATS = re.compile(r"(.)\1+")
+
+
+def sound_key(text: str) -> str:
+    """Each word's first letter and its later consonants, alike spellings spelt alike
+    ("stephen", "steven" -> "stfn"); a text with a digit is its own key ("t-23")."""
+    if _DIGITS.search(text):
+        return f"={text}"
+    words = []
+    for word in text.split():
+        plain = _NOT_LETTER.sub("", unicodedata.normalize("NFKD", word).encode(
+            "ascii", "ignore").decode().lower())
+        if not plain:  # a script without Latin letters: the word itself
+            words.append(word)
+            continue
+        for pattern, sound in _SOUNDS:
+            plain = pattern.sub(sound, plain)
+        words.append(plain[0] + _REPEATS.sub(r"\1", _QUIET.sub("", plain[1:])))
+    return " ".join(words)
+
+
+def name_parts(core: str, name: str, personish: bool, config: ResolveConfig
+               ) -> list[tuple[str, str, str]]:
+    """(key, role, part) of a name under the short-name rules. `s:` keys hold, by the
+    sound of the part, a name that may be a short one ("self": up to three words, a proper
+    name or a code) and the parts a full name can be called by: a person's first and last
+    name, an organisation's name without its generic heads ("short_form": Fordham of
+    Fordham University), the code after a type word ("code": T-23 of Ticket T-23). `n:`
+    keys hold a person's given name under its first `nickname_chars` letters, both as the
+    name a nickname may stand for ("given") and, for a lone name, as a nickname ("self")."""
+    tokens = core.split()
+    if not config.short_names or not tokens:
+        return []
+    parts = []
+    if len(tokens) <= 3 and (name[:1].isupper() or _DIGITS.search(core)):
+        parts.append(("self", core))
+    if personish and len(tokens) > 1:
+        parts += [("first", tokens[0]), ("last", tokens[-1])]
+    headless = list(tokens)
+    while not personish and len(headless) > 1 and headless[-1] in config.generic_heads:
+        headless.pop()
+    if len(headless) < len(tokens):
+        parts.append(("short_form", " ".join(headless)))
+    if len(tokens) > 1 and _DIGITS.search(tokens[-1]) and not _DIGITS.search(
+            " ".join(tokens[:-1])):
+        parts.append(("code", tokens[-1]))
+    keys = [(f"s:{sound_key(part)}", role, part) for role, part in parts]
+    given = tokens[0]
+    if (config.nickname_chars and personish and given.isalpha()
+            and len(given) >= config.nickname_chars):
+        block = f"n:{given[:config.nickname_chars]}"
+        keys += [(block, "self", given)] if len(tokens) == 1 else []
+        keys.append((block, "given", given))
+    return keys
+
+
 def label_class(labels: list[str] | None) -> str:
     """What decides compatibility: places (L), other named things (N), or generic (""):
     names of two classes merge only when they share a specific label (a company that
@@ -290,14 +355,17 @@ def label_class(labels: list[str] | None) -> str:
 def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
     """Each name node under every blocking key it has; names meet only under a shared key:
     `c:` the order-free core name (legal forms, honorifics, abbreviations, word order),
-    `d:` the core and its one-letter deletions (spelling variants), `f:` a first name (a
-    lone "Maria" and the group's only "Maria ..."), `e<band>:` SimHash bands of the name
-    vector (which travels, as int8, only with these keys), `r:` the key name of the business
-    record a name stands for (`Nancy Edwards` and the `Employee 2` other records point at)."""
+    `d:` the core and its one-letter deletions (spelling variants), `s:` and `n:` a short
+    name and the full names it can stand for (`name_parts`), `e<band>:` SimHash bands of the
+    name vector (which travels, as int8, only with these keys), `r:` the key name of the
+    business record a name stands for (`Nancy Edwards` and the `Employee 2` other records
+    point at)."""
     features: dict[str, list] = {name: [] for name in (
         "core", "cls", "specific", "digits", "words", "lone", "personish")}
     owner: list[int] = []
     keys: list[str] = []
+    roles: list[str | None] = []
+    parts: list[str | None] = []
     for row, (normalized, name, node_labels, attributes) in enumerate(zip(
             nodes["normalized"].to_pylist(), nodes["name"].to_pylist(),
             nodes["labels"].to_pylist(), _attributes(nodes), strict=True)):
@@ -310,10 +378,12 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
         spelling = deletion_keys(key_core, config.min_typo_chars)
         if spelling:  # the name itself meets its variants' deletions
             node_keys += [f"d:{k}" for k in (key_core, *spelling)]
-        if config.first_names and (lone or (len(tokens) > 1 and personish)):
-            node_keys.append(f"f:{tokens[0]}")
         if (record := record_key(attributes)) is not None:
             node_keys.append(f"r:{record}")
+        short = name_parts(core, name, personish, config)
+        roles += [None] * len(node_keys) + [role for _, role, _ in short]
+        parts += [None] * len(node_keys) + [part for _, _, part in short]
+        node_keys += [key for key, _, _ in short]
         keys += node_keys
         owner += [row] * len(node_keys)
         for column, value in (("core", key_core), ("cls", label_class(node_labels)),
@@ -326,8 +396,13 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
         "mentions", pc.cast(nodes["mention_count"], pa.int64()))
     for column, values in features.items():
         table = table.append_column(column, pa.array(values, KEYED_NAMES.field(column).type))
+    for column in ("first_seen", "last_seen"):  # a nickname's evidence (`_nicknames`)
+        table = table.append_column(column, nodes[column].cast(schema.TS)
+                                    if column in nodes.column_names
+                                    else pa.nulls(nodes.num_rows, schema.TS))
     keyed = table.take(pa.array(owner, pa.int64())).append_column(
-        "key", pa.array(keys, pa.string()))
+        "key", pa.array(keys, pa.string())).append_column(
+        "role", pa.array(roles, pa.string())).append_column("part", pa.array(parts, pa.string()))
     parts = [keyed.append_column("vector", pa.nulls(len(owner), pa.list_(pa.int8())))]
     if ("name_embedding" in nodes.column_names and config.simhash_bands > 0
             and nodes.num_rows > 0):
@@ -348,7 +423,7 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
             parts.append(table.take(pa.array(present[rows])).append_column(
                 "key", pa.array(band_keys, pa.string())).append_column(
                 "vector", pa.ListArray.from_arrays(offsets, flat)))
-    return schema.conform(pa.concat_tables(parts), KEYED_NAMES)
+    return pa.concat_tables([schema.conform(part, KEYED_NAMES) for part in parts])
 
 
 PAIR_FEATURES = ("core", "cls", "specific", "digits")  # what a pair decision reads of a name
@@ -410,11 +485,6 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
           .filter(pl.col("rank") < config.max_block))
     pairs = _block_pairs(df.filter(pl.col("kind").is_in(["c", "d", "r"])), block).with_columns(
         cosine=pl.lit(0.0))
-    first = df.filter(pl.col("kind") == "f").drop("vector")
-    full = first.filter(~pl.col("lone") & pl.col("personish")).with_columns(
-        fulls=pl.len().over(block))
-    named = first.filter(pl.col("lone")).join(full, on=block, suffix="_b").filter(
-        pl.col("fulls") == 1).drop("fulls").with_columns(cosine=pl.lit(0.0))
     vectors = df.filter(pl.col("kind") == "e")
     # A pair of names sharing several bands is one pair; its cosine is computed once, from
     # one matrix row per name (the vectors of 860,000 band pairs of 6,500 names, copied
@@ -424,7 +494,7 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     columns = ["group_id", "kind", "normalized", "normalized_b", "cosine",
                *(f"{f}{side}" for f in PAIR_FEATURES for side in ("", "_b"))]
     pairs = pairs.select(columns)
-    pairs = pl.concat([pairs, named.select(columns), near.select(columns)]).unique(
+    pairs = pl.concat([pairs, near.select(columns)]).unique(
         ["group_id", "normalized", "normalized_b", "kind"], keep="first", maintain_order=True)
     shared = pl.col("specific").list.set_intersection(pl.col("specific_b")).list.len() > 0
     compatible = (pl.col("digits") == pl.col("digits_b")) & (
@@ -433,7 +503,8 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     same_core = (pl.col("kind") == "d") & (pl.col("core") == pl.col("core_b"))  # c: has it
     one_record = pl.col("kind") == "r"  # one record's names: a key decides, not the names
     pairs = pairs.filter((compatible | one_record) & ~same_core)
-    if pairs.height == 0:
+    short = pl.concat([_short_names(df, config), _nicknames(df)]).filter(compatible)
+    if pairs.height == 0 and short.height == 0:
         return PAIRS.empty_table()
     similarity = np.zeros(pairs.height)
     spelling = (pairs["kind"] == "d").to_numpy()
@@ -450,23 +521,104 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
         evidence=pl.when(kind == "c").then(pl.lit("exact"))
         .when(kind == "r").then(pl.lit("record"))
         .when(kind == "d").then(pl.lit("spelling"))
-        .when(kind == "f").then(pl.lit("first_name"))
         .otherwise(pl.lit("embedding")),
-        score=pl.when(kind.is_in(["c", "f", "r"])).then(pl.lit(1.0))
+        score=pl.when(kind.is_in(["c", "r"])).then(pl.lit(1.0))
         .when(kind == "d").then(pl.col("similarity").round(4))
         .otherwise(pl.col("cosine").round(4)),
-        merge=pl.when(kind.is_in(["c", "f", "r"])).then(pl.lit(True))
+        merge=pl.when(kind.is_in(["c", "r"])).then(pl.lit(True))
         .when(kind == "d").then(pl.col("similarity") >= config.min_similarity)
         .otherwise((pl.col("cosine") >= config.embedding_merge) & named_both),
         keep=pl.when(kind == "e").then(pl.col("cosine") >= config.embedding_ambiguous)
         .when(kind == "d").then(pl.col("similarity") >= config.min_similarity)
         .otherwise(pl.lit(True)),
     ).filter(pl.col("keep"))
-    out = decided.select("group_id", a=pl.min_horizontal("normalized", "normalized_b"),
-                         b=pl.max_horizontal("normalized", "normalized_b"),
-                         evidence="evidence", score="score", merge="merge")
+    out = pl.concat([decided, short.with_columns(merge=pl.lit(True))], how="diagonal").select(
+        "group_id", a=pl.min_horizontal("normalized", "normalized_b"),
+        b=pl.max_horizontal("normalized", "normalized_b"),
+        evidence="evidence", score="score", merge="merge")
     out = out.unique(["group_id", "a", "b", "evidence"], keep="first", maintain_order=True)
     return schema.conform(out.sort(["group_id", "a", "b", "evidence"]).to_arrow(), PAIRS)
+
+
+def _one_meaning(matched: pl.DataFrame) -> pl.DataFrame:
+    """The matches of the short names that match exactly one full name of their block: a
+    name that could mean two stays apart (no pair: an adjudicator is not asked either)."""
+    meanings = pl.col("normalized_b").n_unique().over(["group_id", "key", "normalized"])
+    return matched.filter(meanings == 1).unique(
+        ["group_id", "normalized", "normalized_b"], keep="first", maintain_order=True)
+
+
+_SHORT_COLUMNS = ["group_id", "normalized", "normalized_b", "evidence", "score",
+                  *(f"{f}{side}" for f in PAIR_FEATURES for side in ("", "_b"))]
+
+
+def _short_names(df: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
+    """Short names and the full names they can stand for, in `s:` blocks (`name_parts`):
+    a lone word that is a person's first name (`first_name`), last name (`surname`) or a
+    given name said alike (`given_name`, Steven of Stephen Dubner), an organisation's
+    short form (`short_form`) or a code (`code`); each merges when it matches exactly one
+    full name of its group (all of a short name's matches share its block)."""
+    rows = df.filter(pl.col("kind") == "s").drop("vector")
+    selves = rows.filter(pl.col("role") == "self")
+    matched = selves.join(rows.filter(pl.col("role") != "self"), on=["group_id", "key"],
+                          suffix="_b").filter(pl.col("normalized") != pl.col("normalized_b"))
+    if matched.height == 0:
+        return pl.DataFrame(schema={c: pl.String for c in _SHORT_COLUMNS}).with_columns(
+            score=pl.lit(0.0), specific=pl.lit([], pl.List(pl.String)),
+            specific_b=pl.lit([], pl.List(pl.String)))
+    from rapidfuzz import fuzz, process
+
+    similarity = process.cpdist(matched["part"].to_list(), matched["part_b"].to_list(),
+                                scorer=fuzz.ratio, workers=1) / 100.0
+    role, same = pl.col("role_b"), pl.col("part") == pl.col("part_b")
+    person = role.is_in(["first", "last"])
+    matched = matched.with_columns(similarity=pl.Series(similarity, dtype=pl.Float64)
+                               ).with_columns(
+        evidence=pl.when(role == "first").then(
+            pl.when(same).then(pl.lit("first_name")).otherwise(pl.lit("given_name")))
+        .when(role == "last").then(pl.lit("surname")).otherwise(role),
+        score=pl.when(same).then(pl.lit(1.0)).otherwise(pl.col("similarity").round(4)),
+    ).filter((same | ((role == "first")
+                      & (pl.col("similarity") >= config.given_name_similarity)))
+             & (~person | pl.col("lone")))
+    return _one_meaning(matched).select(_SHORT_COLUMNS)
+
+
+def _nicknames(df: pl.DataFrame) -> pl.DataFrame:
+    """A lone person name that begins the given name of exactly one person of its group
+    (`n:` blocks: Mel, Melanie), when the group's mentions of the two overlap in time: the
+    nickname is used while that person is in the conversation (`nickname`). A name given
+    in full by someone else too (Mel Gibson) makes it mean two."""
+    rows = df.filter(pl.col("kind") == "n").drop("vector")
+    matched = rows.filter(pl.col("role") == "self").join(
+        rows.filter(pl.col("role") == "given"), on=["group_id", "key"], suffix="_b").filter(
+        (pl.col("normalized") != pl.col("normalized_b"))
+        & pl.col("part_b").str.starts_with(pl.col("part")))
+    together = ((pl.col("first_seen") <= pl.col("last_seen_b"))
+                & (pl.col("first_seen_b") <= pl.col("last_seen"))).fill_null(False)
+    return _one_meaning(matched).filter(
+        (pl.col("part") != pl.col("part_b")) & together).with_columns(
+        evidence=pl.lit("nickname"), score=pl.lit(1.0)).select(_SHORT_COLUMNS)
+
+
+def person_name_duplicates(entities: pa.Table) -> list[tuple[str, str, str]]:
+    """(group_id, name, full name) for each person entity whose one-word name is a word of
+    exactly one other person's name in its group (Tetlow and Tania Tetlow): the duplicates
+    a reader would have merged, left among person names (`entities` needs group_id, name
+    and labels; honorifics are not words of a name)."""
+    config = ResolveConfig()
+    rows = [(group, name, core_name(normalize_name(name), config).split())
+            for group, name, labels in zip(entities["group_id"].to_pylist(),
+                                           entities["name"].to_pylist(),
+                                           entities["labels"].to_pylist(), strict=True)
+            if name and set(labels or ()) & PERSONISH]
+    words: dict[tuple[str, str], set[str]] = {}
+    for group, name, tokens in rows:
+        if len(tokens) > 1:
+            for token in tokens:
+                words.setdefault((group, token), set()).add(name)
+    return sorted((group, name, next(iter(fulls))) for group, name, tokens in rows
+                  if len(tokens) == 1 and len(fulls := words.get((group, tokens[0]), ())) == 1)
 
 
 ALIAS_MAP = schema.ALIAS_MAP

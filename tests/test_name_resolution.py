@@ -1,0 +1,184 @@
+"""Names resolved as a reader would: a first or last name alone, a given name spelt another
+way, an organisation without its generic head, a code without its type word and a nickname
+merge with the one full name of their group they can mean, and stay apart when they could
+mean two; each merge says why in `entity_aliases`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pytest
+from tkg.pipeline import schema
+from tkg.pipeline.config import ResolveConfig
+from tkg.pipeline.resolve import (
+    blocking_keys,
+    blocks_to_recompute,
+    candidate_pairs,
+    cluster,
+    distinct_pairs,
+    known_pairs,
+    node_pairs,
+    normalize_name,
+    person_name_duplicates,
+    sound_key,
+)
+
+CONFIG = ResolveConfig()
+PERSON, ORG = ("Person",), ("Organization",)
+
+
+def node(name: str, labels: tuple[str, ...] = PERSON, mentions: int = 1, group: str = "g",
+         days: tuple[int, int] = (1, 28)) -> dict:
+    return {"group_id": group, "normalized": normalize_name(name), "name": name,
+            "labels": list(labels), "mention_count": mentions, "name_embedding": None,
+            "first_seen": datetime(2024, 2, days[0], tzinfo=UTC),
+            "last_seen": datetime(2024, 2, days[1], tzinfo=UTC)}
+
+
+def _table(nodes: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(nodes)
+
+
+def resolved(nodes: list[dict], config: ResolveConfig = CONFIG) -> dict[str, tuple[str, str]]:
+    """(root, evidence) of every name (group-qualified when the nodes span groups)."""
+    table = _table(nodes)
+    pairs = candidate_pairs(blocking_keys(table, config), config)
+    mapping = cluster(pa.concat_tables([pairs, node_pairs(table)]))
+    groups = {n["group_id"] for n in nodes}
+    return {(r["normalized"] if len(groups) == 1 else f'{r["group_id"]}/{r["normalized"]}'):
+            (r["root"], r["evidence"]) for r in mapping.to_pylist()}
+
+
+def test_each_short_name_joins_the_one_full_name_it_can_mean():
+    roots = resolved([
+        node("Tania Tetlow", mentions=2), node("Tetlow", mentions=9),
+        node("Stephen Dubner", mentions=3), node("Steven"),
+        node("Fordham University", ORG, 2), node("Fordham", ORG, 4),
+        node("Ticket T-23", ("Ticket",)), node("T-23", ("Entity",)),
+        node("Melanie", mentions=40), node("Mel", mentions=12, days=(3, 20)),
+    ])
+    assert roots["tetlow"] == ("tania tetlow", "surname")
+    assert roots["steven"] == ("stephen dubner", "given_name")
+    assert roots["fordham"] == ("fordham university", "short_form")
+    assert roots["t-23"] == ("ticket t-23", "code")
+    assert roots["mel"] == ("melanie", "nickname")
+    assert roots["tania tetlow"] == ("tania tetlow", "exact")
+
+
+def test_a_short_name_that_could_mean_two_stays_apart():
+    roots = resolved([
+        node("Tania Tetlow"), node("Mark Tetlow"), node("Tetlow"),
+        node("Stephen Dubner"), node("Steven Levitt"), node("Steven"),
+        node("Fordham University", ORG), node("Fordham Hospital", ORG), node("Fordham", ORG),
+        node("Ticket T-23", ("Ticket",)), node("Invoice T-23", ("Invoice",)), node("T-23"),
+        node("Melanie"), node("Melissa Hart"), node("Mel"),
+        node("Alice Walker"), node("Tom Alice"), node("Alice"),
+    ])
+    # Steven may be Steven Levitt or Stephen Dubner misspelt: two as well
+    for short in ("tetlow", "fordham", "t-23", "mel", "alice", "steven"):
+        assert roots[short] == (short, "exact"), short
+
+
+def test_what_only_looks_alike_stays_apart():
+    roots = resolved([
+        node("Tom Smith"), node("Tim"),  # said alike, spelt too far apart
+        node("Melanie", days=(1, 5)), node("Mel", days=(10, 12)),  # never in the same days
+        node("Denzel Washington"), node("Washington", ("Location",)),  # a place
+        node("Fordham Road", ("Location",)), node("Fordham Road Market", ORG),
+        node("Sam Rivera"), node("sam"),  # lower case: a word, not a name
+    ])
+    assert roots["tim"] == ("tim", "exact")
+    assert roots["mel"] == ("mel", "exact")
+    assert roots["washington"] == ("washington", "exact")
+    assert roots["fordham road"] == ("fordham road", "exact")
+    assert roots["sam"] == ("sam", "exact")
+
+
+def test_a_nickname_is_the_start_of_a_given_name_of_three_letters_or_more():
+    roots = resolved([node("Joanne Ward", mentions=5), node("Ann"), node("Jo"),
+                      node("Christopher", mentions=7), node("Chris")])
+    assert roots["ann"] == ("ann", "exact")  # inside Joanne, not its start
+    assert roots["jo"] == ("jo", "exact")  # shorter than nickname_chars
+    assert roots["chris"] == ("christopher", "nickname")
+
+
+def test_never_across_groups():
+    roots = resolved([node("Tania Tetlow", group="g"), node("Tetlow", group="h"),
+                      node("Melanie", group="g"), node("Mel", group="h")])
+    assert roots["h/tetlow"] == ("tetlow", "exact")
+    assert roots["h/mel"] == ("mel", "exact")
+
+
+def test_the_rules_can_be_turned_off():
+    off = CONFIG.model_copy(update={"short_names": False, "nickname_chars": 0})
+    roots = resolved([node("Tania Tetlow"), node("Tetlow"), node("Melanie"), node("Mel")],
+                     off)
+    assert roots["tetlow"] == ("tetlow", "exact")
+    assert roots["mel"] == ("mel", "exact")
+
+
+def test_sound_keys_spell_alike_names_alike():
+    assert sound_key("steven") == sound_key("stephen") == "stfn"
+    assert sound_key("catherine") == sound_key("katherine")
+    assert sound_key("jon") == sound_key("john")
+    assert sound_key("tim") == sound_key("tom")  # the similarity threshold parts them
+    assert sound_key("t-23") == "=t-23"
+
+
+def test_person_name_duplicates_counts_what_a_reader_would_merge():
+    entities = pa.Table.from_pylist([
+        {"group_id": "g", "name": "Tania Tetlow", "labels": ["Person"]},
+        {"group_id": "g", "name": "Tetlow", "labels": ["Person"]},
+        {"group_id": "g", "name": "Alice Walker", "labels": ["Person"]},
+        {"group_id": "g", "name": "Tom Alice", "labels": ["Person"]},
+        {"group_id": "g", "name": "Alice", "labels": ["Person"]},  # could mean two
+        {"group_id": "g", "name": "Fordham University", "labels": ["Organization"]},
+        {"group_id": "g", "name": "Fordham", "labels": ["Person"]},  # not a person's word
+        {"group_id": "h", "name": "Walker", "labels": ["Person"]},  # another group
+        {"group_id": "g", "name": "Dr. Lee", "labels": ["Person"]},  # Lee: one word
+        {"group_id": "g", "name": "Ann Lee", "labels": ["Person"]},
+    ])
+    assert person_name_duplicates(entities) == [
+        ("g", "Dr. Lee", "Ann Lee"), ("g", "Tetlow", "Tania Tetlow")]
+
+
+def _rows(pairs: pa.Table) -> list[tuple]:
+    return sorted((p["group_id"], p["a"], p["b"], p["evidence"], p["merge"])
+                  for p in pairs.to_pylist())
+
+
+@pytest.mark.parametrize("tonight", [
+    [node("Mark Tetlow")],  # Tetlow could now mean two: the stored merge is dropped
+    [node("Tetlow", mentions=5)],  # more mentions of the short name: decided again, same
+    [node("Melissa Hart"), node("Fordham Hospital", ORG)],
+])
+def test_a_later_run_decides_the_short_names_of_a_full_build(tonight):
+    """Stored pairs + the blocks tonight's names fall in give the pairs of deciding every
+    block: a rule over the whole group fits the blocking of a later run."""
+    before = [node("Tania Tetlow"), node("Tetlow"), node("Melanie", mentions=9), node("Mel"),
+              node("Fordham University", ORG), node("Fordham", ORG), node("Stephen Dubner"),
+              node("Steven")]
+    stored = candidate_pairs(blocking_keys(_table(before), CONFIG), CONFIG)
+    names = {n["normalized"] for n in tonight}
+    everyone = _table([n for n in before if n["normalized"] not in names] + tonight)
+    keyed = blocking_keys(everyone, CONFIG)
+    changed = pa.table({"group_id": ["g"] * len(tonight), "normalized": sorted(names)})
+    kept, blocks = blocks_to_recompute(stored, keyed, changed)
+    chosen = set(zip(blocks["group_id"].to_pylist(), blocks["key"].to_pylist(), strict=True))
+    rows = keyed.filter(pa.array([(g, k) in chosen for g, k in zip(
+        keyed["group_id"].to_pylist(), keyed["key"].to_pylist(), strict=True)]))
+    repeated, new = known_pairs(candidate_pairs(rows, CONFIG), stored, names_table(changed))
+    later = distinct_pairs(pa.concat_tables([kept, repeated, new]))
+    assert _rows(later) == _rows(candidate_pairs(keyed, CONFIG))
+
+
+def names_table(changed: pa.Table) -> pa.Table:
+    return changed.cast(pa.schema([("group_id", pa.string()), ("normalized", pa.string())]))
+
+
+def test_stored_pairs_schema_is_unchanged():
+    """Short-name merges are ordinary resolution pairs: stores written before them read."""
+    pairs = candidate_pairs(blocking_keys(_table([node("Tania Tetlow"), node("Tetlow")]),
+                                          CONFIG), CONFIG)
+    assert pairs.schema == schema.RESOLUTION_PAIRS
