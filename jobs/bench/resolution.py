@@ -255,7 +255,9 @@ def bench_resolution(mentions: int, *, seed: int = 0, groups: int = 4, dim: int 
         seconds: dict[str, float] = {}
         clock = time.perf_counter()
         source = ray.data.from_arrow(episodes).repartition(2 * cpus).materialize()
-        nodes = names_stage(ctx, {"extractions": source})["name_nodes"].materialize()
+        named = names_stage(ctx, {"extractions": source})
+        nodes = named["name_nodes"].materialize()
+        mentions_ds = named["entity_mentions"].materialize()
         seconds["names"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
@@ -266,7 +268,8 @@ def bench_resolution(mentions: int, *, seed: int = 0, groups: int = 4, dim: int 
         seconds["synthetic_vectors (not counted)"] = time.perf_counter() - clock
 
         clock = time.perf_counter()
-        out = resolve_stage(ctx, {"name_vectors": vectors, "extractions": source})
+        out = resolve_stage(ctx, {"name_vectors": vectors, "extractions": source,
+                                  "entity_mentions": mentions_ds})
         alias_map = out["alias_map"].materialize()
         entities = out["resolved_entities"].materialize()
         seconds["resolve"] = time.perf_counter() - clock
