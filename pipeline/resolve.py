@@ -94,11 +94,13 @@ def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:
     # A record's key name (`Employee 2`) names an entity only when nothing else does.
     key_name = pl.col("attributes").cast(pl.String).str.json_path_match(
         f"$.{RECORD_ATTRIBUTE}") == pl.col("name")
-    named = (df.group_by([*keys, "name"]).agg(count=pl.len(), key_name=key_name.any())
+    nickname = pl.col("evidence") == "nickname"  # Mel names Melanie only when nothing else does
+    named = (df.group_by([*keys, "name"]).agg(count=pl.len(), key_name=key_name.any(),
+                                              nickname=nickname.any())
              .with_columns(words=pl.col("name").str.count_matches(r"\S+"),
                            chars=pl.col("name").str.len_chars())
-             .sort([*keys, "key_name", "words", "count", "chars", "name"],
-                   descending=[False, False, False, True, True, True, False])
+             .sort([*keys, "key_name", "nickname", "words", "count", "chars", "name"],
+                   descending=[False, False, False, False, True, True, True, False])
              .group_by(keys, maintain_order=True).agg(name=pl.col("name").first()))
     labelled = df.filter(pl.col("label").is_not_null())
     if mapped:  # an entity: one label, its strongest
@@ -503,7 +505,11 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     same_core = (pl.col("kind") == "d") & (pl.col("core") == pl.col("core_b"))  # c: has it
     one_record = pl.col("kind") == "r"  # one record's names: a key decides, not the names
     pairs = pairs.filter((compatible | one_record) & ~same_core)
-    short = pl.concat([_short_names(df, config), _nicknames(df)]).filter(compatible)
+    # an organisation's short form keeps its meaning whatever its label: spaCy tags a bare
+    # "Fordham" a place in the sentence after "Fordham University", an organisation
+    short = pl.concat([_short_names(df, config), _nicknames(df)]).filter(
+        compatible | ((pl.col("evidence") == "short_form")
+                      & (pl.col("digits") == pl.col("digits_b"))))
     if pairs.height == 0 and short.height == 0:
         return PAIRS.empty_table()
     similarity = np.zeros(pairs.height)
@@ -651,9 +657,15 @@ def cluster(pairs: pa.Table) -> pa.Table:
     _, component = connected_components(graph, directed=False)
     nodes = nodes.with_columns(component=pl.Series(component),
                                words=pl.col("normalized").str.count_matches(r"\S+"))
+    # a nickname names its person only when nothing else does (Mel said more than Melanie)
+    nicknames = merges.filter(pl.col("evidence") == "nickname").select(
+        "group_id", normalized=pl.when(pl.col("a").str.len_chars() < pl.col("b").str.len_chars())
+        .then(pl.col("a")).otherwise(pl.col("b"))).unique().with_columns(nickname=pl.lit(True))
     roots = (nodes.with_columns(key_name=pl.col("mentions") == 0)  # node_pairs' score
-             .sort(["component", "key_name", "words", "mentions", "normalized"],
-                   descending=[False, False, True, True, False])
+             .join(nicknames, on=["group_id", "normalized"], how="left")
+             .with_columns(pl.col("nickname").fill_null(False))
+             .sort(["component", "key_name", "nickname", "words", "mentions", "normalized"],
+                   descending=[False, False, False, True, True, False])
              .group_by("component", maintain_order=True).agg(root=pl.col("normalized").first()))
     touched = pl.concat([
         merges.select("order", "evidence", "score", i=pl.col("ia")),

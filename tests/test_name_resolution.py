@@ -97,10 +97,10 @@ def test_what_only_looks_alike_stays_apart():
 
 def test_a_nickname_is_the_start_of_a_given_name_of_three_letters_or_more():
     roots = resolved([node("Joanne Ward", mentions=5), node("Ann"), node("Jo"),
-                      node("Christopher", mentions=7), node("Chris")])
+                      node("Christopher", mentions=7), node("Chris", mentions=30)])
     assert roots["ann"] == ("ann", "exact")  # inside Joanne, not its start
     assert roots["jo"] == ("jo", "exact")  # shorter than nickname_chars
-    assert roots["chris"] == ("christopher", "nickname")
+    assert roots["chris"] == ("christopher", "nickname")  # said more, still not the name
 
 
 def test_never_across_groups():
@@ -182,3 +182,70 @@ def test_stored_pairs_schema_is_unchanged():
     pairs = candidate_pairs(blocking_keys(_table([node("Tania Tetlow"), node("Tetlow")]),
                                           CONFIG), CONFIG)
     assert pairs.schema == schema.RESOLUTION_PAIRS
+
+
+# --- one small real build -------------------------------------------------------------------
+
+def _turn(number: int, speaker: str, content: str, group: str = "show") -> dict:
+    return {"group_id": group, "id": f"{group}-{number}", "kind": "message",
+            "timestamp": f"2024-03-01T10:{number:02d}:00Z", "conversation_id": f"{group}-1",
+            "speaker": speaker, "content": content}
+
+
+SHOW = (
+    _turn(1, "Stephen Dubner", "Today my guest is Tania Tetlow, the president of Fordham "
+          "University."),
+    _turn(2, "Stephen Dubner", "Tetlow taught law at Tulane before she came to Fordham."),
+    _turn(3, "Tania Tetlow", "I loved teaching at Tulane."),
+    _turn(4, "Melanie", "Yesterday I filed Ticket T-23 about the projector."),
+    _turn(5, "Stephen Dubner", "Steven here again: Fordham is in the Bronx."),
+    _turn(6, "Caroline", "Did anyone fix T-23 yet?"),
+    _turn(7, "Melanie", "Not yet, Caroline. Mel will ask again tomorrow."),
+    _turn(8, "Ann Other", "Tetlow taught at Yale.", group="other"),  # another tenant's Tetlow
+)
+
+
+def _write(folder, records) -> str:
+    import json
+
+    folder.mkdir(parents=True)
+    (folder / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return str(folder)
+
+
+def _aliases(result) -> list[tuple]:
+    from tkg.pipeline import store
+
+    with store.open_catalog(result.snapshot) as con:
+        return sorted(con.execute(
+            "SELECT a.group_id, a.alias, e.name, a.evidence FROM entity_aliases a "
+            "JOIN entities e USING (entity_id)").fetchall())
+
+
+def test_a_build_merges_short_names_and_says_why(ray_session, config, tmp_path):
+    """Driver path, Ray Data (`ray.driver_mb` 0) and a later run on top of an earlier one
+    publish the same aliases; each short name's alias row names its evidence, and "Where did
+    Tania Tetlow teach law?" finds what Tetlow taught."""
+    from tkg.pipeline.build import build
+
+    from tkg import query
+
+    on_ray = config.model_copy(update={"ray": config.ray.model_copy(update={"driver_mb": 0})})
+    driver = build(config, [_write(tmp_path / "all", SHOW)], tmp_path / "driver")
+    ray_data = build(on_ray, [_write(tmp_path / "all-ray", SHOW)], tmp_path / "ray")
+    build(config, [_write(tmp_path / "first", SHOW[:3])], tmp_path / "later", run_id="a")
+    later = build(config, [_write(tmp_path / "second", SHOW[3:])], tmp_path / "later",
+                  run_id="b")
+    aliases = _aliases(driver)
+    assert aliases == _aliases(ray_data) == _aliases(later)
+    merged = {(group, alias): (name, evidence) for group, alias, name, evidence in aliases}
+    assert merged[("show", "Tetlow")] == ("Tania Tetlow", "surname")
+    assert merged[("show", "Fordham")] == ("Fordham University", "short_form")
+    assert merged[("show", "Steven")] == ("Stephen Dubner", "given_name")
+    assert merged[("show", "T-23")] == ("Ticket T-23", "code")
+    assert merged[("show", "Mel")] == ("Melanie", "nickname")
+    assert merged[("other", "Tetlow")] == ("Tetlow", "exact")  # never across groups
+
+    found = query.open(driver.summary["store"]).search(
+        "Where did Tania Tetlow teach law?", ["show"])
+    assert any("Tulane" in hit.fact and hit.source == "Tania Tetlow" for hit in found.facts)
