@@ -252,6 +252,10 @@ class ResolveConfig(_Section):
         3, description="shortest lone name taken as the start of a person's given name (Mel, "
         "Melanie) when the group's mentions of both overlap in time; 0 = off"
     )
+    short_name_ratio: float = Field(
+        20.0, description="a short name said in more than this many times the episodes of the "
+        "full name is a name of its own (a participant, Jon, and a stray \"Yep Jon\")"
+    )
     adjudicator: Literal["none", "llm"] = Field(
         "none", description="judge of undecided pairs (pipeline/adjudicate.py); none = keep apart"
     )

@@ -507,7 +507,7 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     pairs = pairs.filter((compatible | one_record) & ~same_core)
     # an organisation's short form keeps its meaning whatever its label: spaCy tags a bare
     # "Fordham" a place in the sentence after "Fordham University", an organisation
-    short = pl.concat([_short_names(df, config), _nicknames(df)]).filter(
+    short = pl.concat([_short_names(df, config), _nicknames(df, config)]).filter(
         compatible | ((pl.col("evidence") == "short_form")
                       & (pl.col("digits") == pl.col("digits_b"))))
     if pairs.height == 0 and short.height == 0:
@@ -546,11 +546,15 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     return schema.conform(out.sort(["group_id", "a", "b", "evidence"]).to_arrow(), PAIRS)
 
 
-def _one_meaning(matched: pl.DataFrame) -> pl.DataFrame:
+def _one_meaning(matched: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
     """The matches of the short names that match exactly one full name of their block: a
-    name that could mean two stays apart (no pair: an adjudicator is not asked either)."""
+    name that could mean two stays apart (no pair: an adjudicator is not asked either). A
+    short name said far more often than its full name is a name of its own: on LoCoMo the
+    participant "Jon" (in 197 episodes) and a stray "Yep Jon" (1)."""
     meanings = pl.col("normalized_b").n_unique().over(["group_id", "key", "normalized"])
-    return matched.filter(meanings == 1).unique(
+    return matched.filter(
+        (meanings == 1)
+        & (pl.col("mentions") <= config.short_name_ratio * pl.col("mentions_b"))).unique(
         ["group_id", "normalized", "normalized_b"], keep="first", maintain_order=True)
 
 
@@ -560,8 +564,9 @@ _SHORT_COLUMNS = ["group_id", "normalized", "normalized_b", "evidence", "score",
 
 def _short_names(df: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
     """Short names and the full names they can stand for, in `s:` blocks (`name_parts`):
-    a lone word that is a person's first name (`first_name`), last name (`surname`) or a
-    given name said alike (`given_name`, Steven of Stephen Dubner), an organisation's
+    a lone word, a person or of no specific label, that is a person's first name
+    (`first_name`), last name (`surname`) or a given name said alike (`given_name`, Steven
+    of Stephen Dubner; an organisation's short name said alike is not one), an organisation's
     short form (`short_form`) or a code (`code`); each merges when it matches exactly one
     full name of its group (all of a short name's matches share its block)."""
     rows = df.filter(pl.col("kind") == "s").drop("vector")
@@ -586,11 +591,11 @@ def _short_names(df: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
         score=pl.when(same).then(pl.lit(1.0)).otherwise(pl.col("similarity").round(4)),
     ).filter((same | ((role == "first")
                       & (pl.col("similarity") >= config.given_name_similarity)))
-             & (~person | pl.col("lone")))
-    return _one_meaning(matched).select(_SHORT_COLUMNS)
+             & (~person | (pl.col("lone") & (pl.col("personish") | (pl.col("cls") == "")))))
+    return _one_meaning(matched, config).select(_SHORT_COLUMNS)
 
 
-def _nicknames(df: pl.DataFrame) -> pl.DataFrame:
+def _nicknames(df: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
     """A lone person name that begins the given name of exactly one person of its group
     (`n:` blocks: Mel, Melanie), when the group's mentions of the two overlap in time: the
     nickname is used while that person is in the conversation (`nickname`). A name given
@@ -602,7 +607,7 @@ def _nicknames(df: pl.DataFrame) -> pl.DataFrame:
         & pl.col("part_b").str.starts_with(pl.col("part")))
     together = ((pl.col("first_seen") <= pl.col("last_seen_b"))
                 & (pl.col("first_seen_b") <= pl.col("last_seen"))).fill_null(False)
-    return _one_meaning(matched).filter(
+    return _one_meaning(matched, config).filter(
         (pl.col("part") != pl.col("part_b")) & together).with_columns(
         evidence=pl.lit("nickname"), score=pl.lit(1.0)).select(_SHORT_COLUMNS)
 

@@ -103,6 +103,15 @@ def test_a_nickname_is_the_start_of_a_given_name_of_three_letters_or_more():
     assert roots["chris"] == ("christopher", "nickname")  # said more, still not the name
 
 
+def test_a_participant_is_not_the_short_form_of_a_stray_full_name():
+    """A lone name said in far more episodes than the full name is a name of its own (a
+    speaker, "Jon", and a greeting taken for a name, "Yep Jon")."""
+    roots = resolved([node("Jon", mentions=197), node("Yep Jon"),
+                      node("Tetlow", mentions=20), node("Tania Tetlow")])
+    assert roots["jon"] == ("jon", "exact")
+    assert roots["tetlow"] == ("tania tetlow", "surname")  # within short_name_ratio
+
+
 def test_never_across_groups():
     roots = resolved([node("Tania Tetlow", group="g"), node("Tetlow", group="h"),
                       node("Melanie", group="g"), node("Mel", group="h")])
