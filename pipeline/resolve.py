@@ -6,10 +6,11 @@
    honorifics and abbreviations normalized away), its one-letter deletions (spelling
    variants: symmetric-deletion blocking finds every pair within one edit, and only those,
    where MinHash bands either miss a third of typo pairs or pair every "James ..." with
-   every other), a first name (a lone "Maria" and the only "Maria ..." of the group),
-   random-hyperplane (SimHash) bands of the name embedding; each pair is decided by rules,
-   vectorized, and the undecidable ones are kept for an adjudicator (none on the embedded
-   default: they stay apart);
+   every other), a short name and the full names it can stand for (a first or last name, a
+   given name said alike, an organisation without its generic head, a code, a nickname:
+   `name_parts`; it merges when it can mean only one), random-hyperplane (SimHash) bands
+   of the name embedding; each pair is decided by rules, vectorized, and the undecidable
+   ones are kept for an adjudicator (none on the embedded default: they stay apart);
 3. pairs -> clusters, by group: connected components; an entity is named after its most
    complete member and its id derives from that member, so the same input gives the same
    ids.
