@@ -304,6 +304,14 @@ DEFAULT_RELATION_CLASSES = (
     RelationClass(name="company", relation="COMPANY", synonyms=("EMPLOYER", "ORGANIZATION")),
     RelationClass(name="city", relation="CITY"),
     RelationClass(name="assignee", relation="ASSIGNEE", synonyms=("OWNER",)),
+    # Joining a group or a programme: one holds many at once, so a new one ends none (and
+    # none ends a job); leaving one ends it. The spaCy path gives JOIN with a common-noun
+    # object ("joined an activist group") this relation; JOIN of a named one stays a job.
+    RelationClass(name="membership", relation="MEMBER_OF", exclusive=False, synonyms=(
+        "BE_MEMBER_OF", "BECOME_MEMBER_OF", "BE_PART_OF", "SIGN_UP_FOR", "VOLUNTEER_WITH",
+        "VOLUNTEER_AT"), prototypes=(
+        "I joined the club", "I am a member of the group", "I signed up for the program",
+        "I volunteer with the organization")),
 )
 # An ending is a fact too: it ends the subject's open fact (of any exclusive class) that
 # has the same object, from the ending's valid time.
@@ -320,6 +328,9 @@ class FactsConfig(_Section):
     relation_classes: tuple[RelationClass, ...] = DEFAULT_RELATION_CLASSES
     ending: RelationClass = ENDING_CLASS
     negation_prefix: str = "NOT_"
+    ending_prefix: str = Field(
+        "NO_LONGER_", description="a relation that states its own end ('no longer goes to', "
+        "'not ... anymore'): an ending, of whatever the same object was first said with")
     class_threshold: float = Field(
         0.8, description="cosine (embed.model) from which a relation phrase joins the class of "
         "its nearest prototype; 1 = synonyms only. 0.8 keeps 'go to'/'visit' (0.70-0.72) out "

@@ -5,10 +5,11 @@ Relations in one class (config `facts.relation_classes`) are one relation: `move
 `lives in` are both LIVES_IN. In an exclusive class a subject holds one value at a time: a
 newer fact with another object ends the older one (`invalid_at` = the newer `valid_at`,
 `invalidated_by` = its edge), and so does a negation (`NOT_WORKS_AT` the same object).
-An ending (`LEFT`: "left X", "quit X", "moved out of X") ends the open fact of any
-exclusive class with that object. Facts without a date are never invalidated and never
-invalidate. Relation phrases outside the synonym lists join a class by meaning
-(`RelationClassifier`, run where the phrase is extracted).
+An ending (`LEFT`: "left X", "quit X", "moved out of X", and any relation that states its
+own end, `NO_LONGER_GOES_TO`) ends the open fact of any class with that object, and one
+worded as the ending's own relation ("goes to X" by "no longer goes to X"). Facts without a
+date are never invalidated and never invalidate. Relation phrases outside the synonym lists
+join a class by meaning (`RelationClassifier`, run where the phrase is extracted).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ def relation_class(relation: str, config: FactsConfig
                    ) -> tuple[str, RelationClass | None, bool]:
     """(canonical relation, its class or None, negated?) of an extracted relation; an
     ending (`LEAVE`, `QUIT`, ...) comes back as the ending class, not negated."""
+    if relation.startswith(config.ending_prefix):  # "no longer goes to": its own end
+        base, _, _ = relation_class(relation[len(config.ending_prefix):], config)
+        return config.ending_prefix + base, config.ending, False
     prefix = config.negation_prefix
     negated = relation.startswith(prefix)
     base = relation[len(prefix):] if negated else relation
@@ -245,13 +249,17 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
     negations: dict[str, list[dict]] = {}
     endings: list[dict] = []
     unclassed: list[dict] = []
+    shared: list[tuple[str, dict]] = []  # facts of a class one holds many of (memberships)
     for edge in edges:
         _, cls, negated = relation_class(edge["relation"], config)
         if cls is config.ending and edge["valid_at"] is not None:
             endings.append(edge)
         if cls is None and not negated and edge["valid_at"] is not None:
             unclassed.append(edge)
-        if cls is None or not cls.exclusive or edge["valid_at"] is None:
+        if cls is None or cls is config.ending or edge["valid_at"] is None:
+            continue
+        if not cls.exclusive and not negated:
+            shared.append((cls.name, edge))
             continue
         (negations if negated else classes).setdefault(cls.name, []).append(edge)
     per = {cls.name: cls.per for cls in config.relation_classes if cls.per}
@@ -274,6 +282,16 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
                 if other["target_entity_id"] == old["target_entity_id"] and (
                         old["valid_at"] <= other["valid_at"] < cause["valid_at"]):
                     _end(other, cause["valid_at"], cause["edge_id"])
+    for name, edge in shared:  # a membership ends only by its own ending or negation
+        _end_by(edge, [n for n in (*negations.get(name, ()), *endings)
+                       if n["target_entity_id"] == edge["target_entity_id"]])
+    prefix = config.ending_prefix
+    for ending in endings:  # "no longer goes to X" ends "goes to X", as first worded
+        if ending["relation"].startswith(prefix):
+            for other in unclassed:
+                if other["relation"] == ending["relation"][len(prefix):]:
+                    _end_by(other, [ending] if other["target_entity_id"] == (
+                        ending["target_entity_id"]) else [])
     for name, members in classes.items():  # a title ends with the job it was held at
         scoping = {e["edge_id"]: e for e in classes.get(per.get(name, ""), [])}
         for edge in members:
@@ -282,6 +300,14 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
                         other["episode_ids"] or ()):
                     _end(edge, other["invalid_at"], other["invalidated_by"])
     return sorted(edges, key=lambda e: e["edge_id"])
+
+
+def _end_by(edge: dict, causes: list[dict]) -> None:
+    """End `edge` by the earliest of `causes` stated at or after it began."""
+    causes = [c for c in causes if c["valid_at"] >= edge["valid_at"]]
+    if causes:
+        cause = min(causes, key=lambda e: (e["valid_at"], e["edge_id"]))
+        _end(edge, cause["valid_at"], cause["edge_id"])
 
 
 def _end(edge: dict, when: datetime, cause: str | None) -> None:

@@ -52,8 +52,13 @@ def test_relation_is_verb_lemma_and_preposition_with_dated_clause(extractor):
 
 
 def test_negation_is_part_of_the_relation(extractor):
-    result = run(extractor, "Maria Lopez no longer works at Initech.")
+    result = run(extractor, "Maria Lopez does not work at Initech.")
     assert ("Maria Lopez", "NOT_WORK_AT", "Initech") in triples(result)
+
+
+def test_no_longer_states_an_end(extractor):
+    result = run(extractor, "Maria Lopez no longer works at Initech.")
+    assert ("Maria Lopez", "NO_LONGER_WORK_AT", "Initech") in triples(result)
 
 
 def test_until_sets_the_end_of_a_fact(extractor):

@@ -161,8 +161,8 @@ def test_facts_from_one_sentence_carry_only_their_own_text(extractor):
     edges = story(extractor, [(day(2, 5), "I live in Seattle with my partner Jenna.")])
     home = only(edges, "LIVES_IN", "Seattle")
     partner = only(edges, "LIVE_WITH", "partner")
-    assert home["fact"] == "Marcus Bell: I live in Seattle."
-    assert partner["fact"] == "Marcus Bell: I live with my partner Jenna."
+    assert home["fact"] == "Marcus Bell lives in Seattle."
+    assert partner["fact"] == "Marcus Bell lives with their partner Jenna."
 
 
 def test_greetings_and_vocatives_are_not_entities(extractor):

@@ -25,16 +25,32 @@ from tkg.pipeline.extract.base import (
     relation_name,
 )
 from tkg.pipeline.extract.dates import marks_end, resolve_date
+from tkg.pipeline.extract.entity_rules import (
+    NAMED_NER,
+    after_time_preposition,
+    is_specific,
+    name_tokens,
+)
+from tkg.pipeline.extract.entity_rules import is_vocative as is_address
+from tkg.pipeline.extract.fact_rules import (
+    Voices,
+    addressee_of,
+    claim_head,
+    claim_indices,
+    complete,
+    fact_indices,
+    is_vocative,
+    misparsed_conjunct,
+    render,
+    topic,
+    unresolved,
+)
 from tkg.pipeline.facts import RelationClassifier, relation_class
+from tkg.pipeline.ontology import Ontology
 
 if TYPE_CHECKING:  # spaCy itself is imported by `load_spacy`
     from spacy.tokens import Doc, Span, Token
 
-NER_LABELS = {
-    "PERSON": "Person", "ORG": "Organization", "GPE": "Location", "LOC": "Location",
-    "FAC": "Place", "PRODUCT": "Product", "NORP": "Group", "EVENT": "Event",
-    "WORK_OF_ART": "Work", "LAW": "Law", "LANGUAGE": "Language",
-}
 DATE_LABELS = {"DATE", "TIME"}
 # "we"/"us" also stand for the speaker: the closest single entity a rule can pick.
 FIRST_PERSON = {"i", "me", "myself", "we", "us", "ourselves"}
@@ -43,16 +59,11 @@ OBJECT_DEPS = {"dobj", "attr", "dative", "oprd"}
 # Verbs of a lasting state: in the past tense and without a date, the state held at some
 # unknown time before the message, so the fact gets no valid time (and never invalidates).
 STATE_VERBS = {"live", "work", "attend", "reside", "stay", "study", "be", "belong", "own"}
-TRIM_WORDS = {"the", "a", "an", "my", "our", "your", "his", "her", "their", "its", "this",
-              "that", "these", "those", "some", "any", "all", "every", "no"}
-# Words that open a greeting or a thank-you: "Hi Marcus" names Marcus, not "Hi Marcus".
-GREETINGS = {"hi", "hello", "hey", "heya", "hiya", "thanks", "thank", "thx", "dear", "morning",
-             "evening", "good", "bye", "cheers", "congrats", "congratulations", "welcome", "yo",
-             "ok", "okay", "oh", "sorry", "please"}
-# Dependents that belong with the word they hang on when a fact's own text is cut out of
-# its sentence ("my new job", "the Paris office", "no longer").
-MODIFIER_DEPS = {"det", "poss", "amod", "compound", "nummod", "case", "quantmod", "nmod"}
-VERB_DEPS = {"aux", "auxpass", "neg", "prt"}
+# Labels of things that employ nobody: "work for Bob" or "join the parade" is no job.
+NOT_EMPLOYERS = {"Person", "Location", "Event", "Group", "Work", "Law", "Language"}
+MEMBERSHIP_RELATION = "MEMBER_OF"  # config: the membership class's relation
+# A claim with no object says something from four words on ("that's life" does not).
+MIN_STATEMENT_WORDS = 4
 
 
 def _import_spacy():
@@ -97,6 +108,7 @@ class SpacyExtractor:
         self.nlp = load_spacy(config.extract.spacy_model)
         self._embedder = None
         self.classifier = RelationClassifier(config.facts, self._embed)
+        self.ontology = Ontology(config)
 
     def _embed(self, texts: list[str]):
         """The build's embedder, loaded on the first relation phrase no synonym covers."""
@@ -122,63 +134,110 @@ class SpacyExtractor:
         if speaker:
             out.add_entity(speaker, "Person")
         spans = self._entity_spans(doc)
-        for span, label in spans.values():
-            if label != "Concept" and not _vocative(span):
-                out.add_entity(self._name(span), label)
-        for verb in doc:
-            if verb.pos_ not in ("VERB", "AUX") or verb.dep_ in ("aux", "auxpass"):
+        named: dict[str, tuple[str, bool]] = {}  # name -> (type, from the name's own words)
+        unnamed: set[str] = set()  # generic nouns: never entities
+        addressed: set[str] = set()  # "Hey Caroline", "Quick, Dorothy,": no entity, no end
+        for span, label in dict.fromkeys(spans.values()):
+            name = self._name(span)
+            if label == "Concept":
+                unnamed.add(name)
+            elif name and is_address(span):
+                addressed.add(name)
+            elif name:
+                named.setdefault(name, (label, self._word_typed(span)))
+        addressed -= {*named, addressee_of(speaker, episode.context)}  # "you" names them
+        for fact in self._facts(doc, spans, speaker, episode):
+            ends = [(fact.source, "source"), (fact.target, "target")]
+            if any(name in addressed for name, _ in ends):
                 continue
-            for fact in self._facts_of(verb, spans, speaker, episode.valid_at):
-                for name, label in ((fact.source, None), (fact.target, None)):
-                    out.add_entity(name, label or self._label_for(name, spans, speaker))
-                out.facts.append(fact)
+            if not self.config.extract.common_noun_facts and any(
+                    not self._listable(name, named, unnamed, speaker) for name, _ in ends):
+                continue  # only names are entities, so only names are ends of facts
+            for name, role in ends:
+                label, strong = named.get(name, (self._label_for(name, spans, speaker), False))
+                if name == speaker:
+                    label, strong = "Person", True
+                elif name in unnamed:  # a common noun takes no type from its relation
+                    label, strong = "Concept", True
+                out.add_entity(name, self.ontology.endpoint(fact.relation, role, label, strong))
+            out.facts.append(fact)
+        for name, (label, _) in named.items():
+            out.add_entity(name, label)
         return out
 
+    @staticmethod
+    def _listable(name: str, named: dict[str, tuple[str, bool]], unnamed: set[str],
+                  speaker: str | None) -> bool:
+        """Whether a fact's end is an entity a person would list: a name of the episode, the
+        speaker or the addressee, never a generic noun ("news", "new job")."""
+        if name == speaker or name in named:
+            return True
+        return name not in unnamed and any(c.isupper() or c.isdigit() for c in name)
+
+    def _word_typed(self, span: Span) -> bool:
+        return self.ontology.word_type([t.text for t in name_tokens(span)]) is not None
+
     def _entity_spans(self, doc: Doc) -> dict[int, tuple[Span, str]]:
-        """Token index -> (entity span, label), from NER first, then noun chunks."""
+        """Token index -> (entity span, type), from NER first, then noun chunks. A span that
+        names nothing specific (`entity_rules.is_specific`) is a "Concept"; a name of no
+        known type a "Thing"."""
         spans: dict[int, tuple[Span, str]] = {}
         for ent in doc.ents:
-            if ent.label_ in NER_LABELS:
+            if ent.label_ in NAMED_NER:
+                before = doc[ent.start - 1] if ent.start else None
+                if before is not None and before.dep_ == "compound" and (
+                        self.ontology.word_type([before.text, *ent.text.split()])):
+                    ent = doc[ent.start - 1 : ent.end]  # "Dr. Okoye", not "Okoye"
+                label = self._type(ent, self.ontology.ner_type(ent.label_))
                 for token in ent:
-                    spans[token.i] = (ent, NER_LABELS[ent.label_])
+                    spans[token.i] = (ent, label)
         for chunk in doc.noun_chunks:
             if chunk.root.pos_ == "PRON" or any(t.i in spans for t in chunk):
                 continue
             if any(t.ent_type_ in DATE_LABELS for t in chunk):
                 continue
-            label = "Concept"
-            if any(t.pos_ == "PROPN" for t in chunk):
-                label = "Thing"
             for token in chunk:
-                spans[token.i] = (chunk, label)
+                spans[token.i] = (chunk, self._type(chunk, None))
         return spans
 
+    def _type(self, span: Span, ner_type: str | None) -> str:
+        """A span's type: its own words' (`Ontology.word_type`), else NER's (a "person"
+        after a preposition of time is an event: "after Covid"), else "Thing"; "Concept"
+        for a generic noun."""
+        tokens = name_tokens(span)
+        if not tokens or not is_specific(tokens):
+            return "Concept"
+        typed = self.ontology.word_type([t.text for t in tokens])
+        if typed:
+            return typed
+        if ner_type == self.ontology.ner_type("PERSON") and after_time_preposition(tokens):
+            return self.ontology.ner_type("EVENT") or "Thing"
+        return ner_type or "Thing"
+
     def _name(self, span: Span) -> str:
-        tokens = list(span)
-        while tokens and (tokens[0].lower_ in TRIM_WORDS or tokens[0].pos_ in ("DET", "PRON")
-                          or tokens[0].lower_ in GREETINGS or tokens[0].is_punct):
-            tokens = tokens[1:]
-        while tokens and (tokens[-1].is_punct or tokens[-1].tag_ == "POS"):
-            tokens = tokens[:-1]
+        tokens = name_tokens(span)
         if not tokens:
             return ""
         text = span.doc[tokens[0].i : tokens[-1].i + 1].text
         return " ".join(text.split())
 
-    @staticmethod
-    def _label_for(name: str, spans: dict[int, tuple[Span, str]], speaker: str | None) -> str:
+    def _label_for(self, name: str, spans: dict[int, tuple[Span, str]],
+                   speaker: str | None) -> str:
         if name == speaker:
             return "Person"
         for span, label in spans.values():
-            if span.text.endswith(name):
-                return "Entity" if label in ("Concept", "Thing") else label
+            if self._name(span) == name:
+                return "Entity" if label == "Concept" else label
         return "Entity"
 
     def _argument(self, token: Token, spans: dict[int, tuple[Span, str]],
-                  speaker: str | None) -> str | None:
-        """The entity name a subject/object token stands for, or None."""
+                  voices: Voices) -> str | None:
+        """The entity name a subject/object token stands for, or None: the speaker for
+        "I"/"we", the addressee for "you" (when the window shows who that is)."""
         if token.lower_ in FIRST_PERSON:
-            return speaker
+            return voices.speaker
+        if token.lower_ in ("you", "yourself") and voices.addressee:
+            return voices.addressee
         if token.pos_ == "PRON" or token.ent_type_ in DATE_LABELS or token.like_num:
             return None
         if token.i in spans:
@@ -193,81 +252,183 @@ class SpacyExtractor:
         return name
 
     def _subjects(self, verb: Token) -> list[Token]:
-        subjects = [c for c in verb.children if c.dep_ in SUBJECT_DEPS]
+        """The subjects of a verb (shared from a governing or coordinated verb when it has
+        none), without vocatives ("Hey Caroline, I've had ...": the speaker acts)."""
+        subjects = [c for c in verb.children if c.dep_ in SUBJECT_DEPS and not is_vocative(c)]
         head = verb
         while not subjects and head.dep_ in ("conj", "xcomp", "advcl") and head.head is not head:
             head = head.head
-            subjects = [c for c in head.children if c.dep_ in SUBJECT_DEPS]
-        return [s for subject in subjects for s in (subject, *subject.conjuncts)]
+            subjects = [c for c in head.children
+                        if c.dep_ in SUBJECT_DEPS and not is_vocative(c)]
+        return [s for subject in subjects for s in (subject, *subject.conjuncts)
+                if not unresolved(s)]
 
     def _objects(self, verb: Token) -> list[tuple[Token, tuple[str, ...]]]:
         """(object token, relation words) pairs of a verb, conjuncts included. A particle
         is part of the relation ("broke up with" -> BREAK_UP_WITH), and so is a preposition
-        that opens another ("moved out of" -> MOVE_OUT_OF)."""
+        that opens another ("moved out of" -> MOVE_OUT_OF). A common-noun object that only
+        frames a named one ("started my new job at Contoso") is no object of its own: the
+        named one's fact says it (START_JOB_AT Contoso, never START "new job")."""
         lemma = verb.lemma_.lower()
         verb_words = (lemma, *(c.lower_ for c in verb.children if c.dep_ == "prt"))
         found: list[tuple[Token, tuple[str, ...]]] = []
         for child in verb.children:
             if child.dep_ in OBJECT_DEPS:
-                found.extend((o, verb_words) for o in (child, *child.conjuncts))
+                inner: list[tuple[Token, tuple[str, ...]]] = []
                 for prep in child.children:  # "is the CTO of Globex" -> CTO_OF
                     if prep.dep_ == "prep":
                         words = (child.lemma_.lower(), prep.lower_)
                         if child.dep_ != "attr":
                             words = (*verb_words, *words)
-                        found.extend((p, words) for p in prep.children if p.dep_ == "pobj")
+                        inner.extend((p, words) for p in prep.children if p.dep_ == "pobj")
+                framed = child.pos_ == "NOUN" and any(p.pos_ == "PROPN" for p, _ in inner)
+                if not framed:
+                    found.extend((o, verb_words) for o in (child, *child.conjuncts))
+                found.extend(inner)
             elif child.dep_ in ("prep", "agent"):
                 for pobj, words in _prepositional(child):
                     found.extend((o, (*verb_words, *words)) for o in (pobj, *pobj.conjuncts))
         return found
 
     @staticmethod
-    def _negated(verb: Token) -> bool:
-        for child in verb.children:
-            if child.dep_ == "neg":
-                return True
-            if child.lower_ == "longer" and any(g.lower_ == "no" for g in child.children):
-                return True
-        return False
+    def _negated(verb: Token) -> str:
+        """"NO_LONGER" for a state that ended ("no longer", "not ... anymore"), "NOT" for a
+        plain negation, "" otherwise."""
+        words = {c.lower_ for c in verb.children}
+        ended = bool(words & {"anymore"}) or any(
+            c.lower_ == "longer" and (any(g.lower_ in ("no", "any") for g in c.children)
+                                      or verb.doc[c.i - 1].lower_ in ("no", "any"))
+            for c in verb.children)
+        if ended:
+            return "NO_LONGER"
+        return "NOT" if any(c.dep_ == "neg" for c in verb.children) else ""
 
-    def _facts_of(self, verb: Token, spans: dict[int, tuple[Span, str]], speaker: str | None,
+    def _facts(self, doc: Doc, spans: dict[int, tuple[Span, str]], speaker: str | None,
+               episode: EpisodeInput) -> list[ExtractedFact]:
+        """The message's facts: one per claim and object, then one for each claim with no
+        object fact that still states something (`_statement`); one fact per text."""
+        voices = Voices(speaker, addressee_of(speaker, episode.context))
+        found: list[ExtractedFact] = []
+        claimed: set[int] = set()
+        for verb in doc:
+            if verb.pos_ not in ("VERB", "AUX") or verb.dep_ in ("aux", "auxpass") or (
+                    misparsed_conjunct(verb)):
+                continue
+            for fact in self._facts_of(verb, spans, voices, episode.valid_at):
+                claimed.add(claim_head(verb).i)
+                found.append(fact)
+        for head in doc:
+            if head.i not in claimed and _claim_root(head):
+                fact = self._statement(head, spans, voices, episode.valid_at)
+                if fact is not None:
+                    found.append(fact)
+        seen: set[tuple[str, str]] = set()
+        unique = []
+        for fact in found:  # a nested object often words the same as its outer one
+            if (fact.source, fact.fact) not in seen:
+                seen.add((fact.source, fact.fact))
+                unique.append(fact)
+        return unique
+
+    def _facts_of(self, verb: Token, spans: dict[int, tuple[Span, str]], voices: Voices,
                   t_ref: datetime) -> Iterable[ExtractedFact]:
         subjects = [(s, n) for s in self._subjects(verb)
-                    if (n := self._argument(s, spans, speaker))]
+                    if (n := self._argument(s, spans, voices))]
         if not subjects:
             return
-        negation = "NOT" if self._negated(verb) else ""
-        clause = verb.doc[verb.left_edge.i : verb.right_edge.i + 1]
-        valid_at, invalid_at, date_text = self._dates(clause, t_ref)
+        negation = self._negated(verb)
+        valid_at, invalid_at, date_text = self._claim_dates(verb, t_ref)
         undated = (date_text is None and verb.tag_ == "VBD"
                    and verb.lemma_.lower() in STATE_VERBS)
-        for token, words in self._objects(verb):
-            target = self._argument(token, spans, speaker)
-            if not target:
-                continue
+        objects = [(token, words, target) for token, words in self._objects(verb)
+                   if (target := self._argument(token, spans, voices))]
+        for token, words, target in objects:
             label = spans[token.i][1] if token.i in spans else self._label_for(
-                target, spans, speaker)
-            relation = self.classifier.relation(relation_name(negation, *words), words, label)
+                target, spans, voices.speaker)
+            relation = self._relation(negation, words, token, label)
             if _prospective(verb) and relation_class(relation, self.config.facts)[1] is (
                     self.config.facts.ending):
                 relation = relation_name("PLAN", relation)  # "I am leaving X in May"
+            others = [o.i for o, _, _ in objects if o.i != token.i]
             for subject, source in subjects:
-                if source == target:
+                indices = fact_indices(verb, subject, token, others)
+                if source == target or not complete(verb.doc, indices):
                     continue
-                text = own_text(verb, subject, token)
-                if source not in text and speaker != source:
-                    text = f"{source}: {text}"
-                elif source == speaker and not text.lower().startswith(source.lower()):
-                    text = f"{speaker}: {text}"
+                text = render(verb.doc, indices, voices, subject.lower_ in FIRST_PERSON)
                 yield ExtractedFact(source, target, relation, text,
                                     valid_at=valid_at, invalid_at=invalid_at,
                                     date_text=date_text, undated=undated)
 
-    def _dates(self, clause: Span, t_ref: datetime
+    def _relation(self, negation: str, words: tuple[str, ...], target: Token,
+                  label: str) -> str:
+        """The relation of a phrase: its class's by synonym or meaning; joining a group or a
+        programme (a common noun) is membership, and only an organisation employs."""
+        relation = self.classifier.relation(relation_name(negation, *words), words, label)
+        _, cls, _ = relation_class(relation, self.config.facts)
+        employment = next((c for c in self.config.facts.relation_classes
+                           if c.name == "employment"), None)
+        if cls is not None and cls is employment and (
+                label in NOT_EMPLOYERS or target.pos_ == "NOUN"):
+            member = words[0] == "join" and label not in NOT_EMPLOYERS
+            base = MEMBERSHIP_RELATION if member else relation_name(*words)
+            return relation_name(negation, base)
+        return relation
+
+    def _statement(self, head: Token, spans: dict[int, tuple[Span, str]], voices: Voices,
+                   t_ref: datetime) -> ExtractedFact | None:
+        """A claim with no object fact as one fact about its speaker (or, without one, its
+        subject) and its topic: "Fitness goals have been hard to reach" -> "Sam says
+        fitness goals have been hard to reach." (Sam -> fitness goals)."""
+        indices = claim_indices(head)
+        words = [i for i in indices if not head.doc[i].is_punct]
+        if len(words) < MIN_STATEMENT_WORDS or head.doc[indices[-1]].sent[-1].text == "?":
+            return None
+        if any(c.dep_ in SUBJECT_DEPS and unresolved(c) for c in head.children):
+            return None
+        subjects = self._subjects(head)
+        subject = subjects[0] if subjects else None
+        named = self._argument(subject, spans, voices) if subject is not None else None
+        speaker = voices.speaker
+        if subject is None and not (speaker and _said_of_speaker(head)):
+            return None
+        proper = subject is not None and named is not None and (
+            subject.pos_ == "PROPN" or subject.lower_ in FIRST_PERSON)
+        source = named if proper or not speaker else speaker
+        if not source:
+            return None
+        exclude = {t.i for t in subject.subtree} if proper and subject is not None else set()
+        found = topic(head, indices, exclude)
+        target = self._argument(found, spans, voices) if found is not None else None
+        if not target or target == source:
+            return None
+        text = render(head.doc, indices, voices,
+                      subject is None or subject.lower_ in FIRST_PERSON)
+        if subject is None:
+            text = _with_speaker(text, head, source)
+        elif not proper and not _about_speaker(indices, head.doc):
+            text = f"{source} says {_lower_first(text, head.doc[indices[0]])}"
+        verb = (head.lemma_.lower(), *(c.lower_ for c in head.children if c.dep_ == "prt"))
+        valid_at, invalid_at, date_text = self._claim_dates(head, t_ref)
+        return ExtractedFact(source, target, relation_name(self._negated(head), *verb), text,
+                             valid_at=valid_at, invalid_at=invalid_at, date_text=date_text)
+
+    def _claim_dates(self, verb: Token, t_ref: datetime
+                     ) -> tuple[datetime | None, datetime | None, str | None]:
+        """The dates of the claim `verb` is part of: one set for all its facts ("Yesterday I
+        started working at X" dates the WORK_AT fact too)."""
+        head = claim_head(verb)
+        indices = claim_indices(head)
+        if not indices:
+            return None, None, None
+        return self._dates(head.doc[indices[0] : indices[-1] + 1], t_ref, set(indices))
+
+    def _dates(self, clause: Span, t_ref: datetime, inside: set[int] | None = None
                ) -> tuple[datetime | None, datetime | None, str | None]:
         temporal = self.config.temporal
         for ent in clause.doc.ents:
             if ent.label_ != "DATE" or ent.start < clause.start or ent.end > clause.end:
+                continue
+            if inside is not None and ent.start not in inside:
                 continue
             when = resolve_date(ent.text, t_ref, date_order=temporal.date_order,
                                 prefer=temporal.prefer_dates_from)
@@ -280,31 +441,48 @@ class SpacyExtractor:
         return None, None, None
 
 
-def own_text(verb: Token, subject: Token, target: Token) -> str:
-    """The words of one fact: its subject, the verb (with its auxiliaries and negation),
-    the path down to the object with the object's own phrase, and the verb's date phrases.
-    Other objects and clauses of the sentence stay out ("I live in Berlin with my family"
-    gives "I live with my family" for the family fact); the episode keeps the sentence."""
-    keep = set(_phrase(subject))
-    head = verb  # a subject shared from a governing verb ("began working at") keeps it
-    while True:
-        keep.add(head.i)
-        keep.update(t.i for child in head.children if _with_verb(child, target)
-                    for t in child.subtree)
-        if subject.head.i == head.i or head.dep_ not in ("xcomp", "advcl"):
-            break
-        head = head.head
-    node = target
-    while node.i != verb.i and node.head.i != node.i:
-        if node.i == target.i:
-            keep.update(_phrase(node))
-        else:
-            keep.add(node.i)
-            keep.update(t.i for c in node.children if c.dep_ in MODIFIER_DEPS
-                        for t in c.subtree)
-        node = node.head
-    text = _join(verb.doc, sorted(keep))
-    return text if text.endswith((".", "!", "?")) else f"{text}."
+def own_text(verb: Token, subject: Token, target: Token, voices: Voices | None = None) -> str:
+    """The words of one fact (`fact_rules.fact_indices`) in the third person."""
+    return render(verb.doc, fact_indices(verb, subject, target, ()), voices or Voices(None),
+                  False)
+
+
+def _claim_root(token: Token) -> bool:
+    """A verb that heads a claim of its own: a sentence's root, or a coordinated clause
+    with its own subject."""
+    if token.pos_ not in ("VERB", "AUX") or token.dep_ in ("aux", "auxpass"):
+        return False
+    if token.dep_ == "ROOT":
+        return True
+    return token.dep_ in ("conj", "parataxis") and any(
+        c.dep_ in SUBJECT_DEPS for c in token.children)
+
+
+def _said_of_speaker(head: Token) -> bool:
+    """A claim without a subject that the speaker makes of themselves ("Took a short trip
+    to Rome", "Can't wait to see it", "Still working on my biz"), not an imperative."""
+    auxiliaries = [c for c in head.children if c.dep_ in ("aux", "auxpass")]
+    return head.tag_ in ("VBD", "VBG", "VBN") or any(a.tag_ == "MD" for a in auxiliaries)
+
+
+def _about_speaker(indices: list[int], doc: Doc) -> bool:
+    return any(doc[i].lower_ in FIRST_PERSON | {"my", "our", "mine", "ours"} for i in indices)
+
+
+def _with_speaker(text: str, head: Token, speaker: str) -> str:
+    """A subjectless claim with its speaker as subject ("Still working on X" -> "Jon is
+    still working on X")."""
+    auxiliaries = [c for c in head.children if c.dep_ in ("aux", "auxpass")]
+    verb = " is" if head.tag_ == "VBG" and not auxiliaries else ""
+    first = head.doc[min(t.i for t in head.subtree)]
+    return f"{speaker}{verb} {_lower_first(text, first)}"
+
+
+def _lower_first(text: str, first: Token) -> str:
+    """`text` with its first letter lower case, unless it starts a name or "I"."""
+    if first.pos_ == "PROPN" or first.text == "I" or not text:
+        return text
+    return text[0].lower() + text[1:]
 
 
 def _prospective(verb: Token) -> bool:
@@ -314,18 +492,6 @@ def _prospective(verb: Token) -> bool:
     return bool(auxiliaries & {"will", "'ll", "shall", "wo"}) or (
         verb.tag_ == "VBG" and bool(auxiliaries & {"am", "'m", "is", "'s", "are", "'re"})) or (
         verb.dep_ == "xcomp" and verb.head.lemma_.lower() in ("go", "plan", "want", "intend"))
-
-
-def _vocative(span: Span) -> bool:
-    """A name that only greets, thanks or addresses someone ("Hi Marcus", "Thanks Anna,",
-    "Well deserved, Marcus.")."""
-    first, doc = span[0], span.doc
-    before = doc[first.i - 1] if first.i > 0 else None
-    after = doc[span.end] if span.end < len(doc) else None
-    if first.lower_ in GREETINGS or (before is not None and before.lower_ in GREETINGS):
-        return True
-    return (all(t.pos_ == "PROPN" for t in span) and before is not None and before.text == ","
-            and (after is None or after.is_sent_end or after.text in ".!?"))
 
 
 def _prepositional(prep: Token) -> list[tuple[Token, tuple[str, ...]]]:
@@ -343,34 +509,3 @@ def _prepositional(prep: Token) -> list[tuple[Token, tuple[str, ...]]]:
                 found += [(p, (*words, pobj.lemma_.lower(), inner.lower_))
                           for p in inner.children if p.dep_ == "pobj"]
     return found
-
-
-def _with_verb(child: Token, target: Token) -> bool:
-    """A verb's dependent that every fact of the verb keeps: auxiliaries, negation, "no
-    longer", and date phrases (that do not hold the object)."""
-    if child.dep_ in VERB_DEPS or (child.lower_ == "longer" and child.dep_ == "advmod"):
-        return True
-    subtree = list(child.subtree)
-    return (child.dep_ not in SUBJECT_DEPS and any(t.ent_type_ in DATE_LABELS for t in subtree)
-            and all(t.i != target.i for t in subtree))
-
-
-def _phrase(token: Token) -> list[int]:
-    """A noun's own phrase: its subtree without its conjuncts and their coordinator."""
-    skip = {t.i for c in token.children if c.dep_ in ("conj", "cc", "relcl", "punct")
-            for t in c.subtree}
-    return [t.i for t in token.subtree if t.i not in skip]
-
-
-def _join(doc: Doc, indices: list[int]) -> str:
-    """Tokens in sentence order; a gap in the sentence becomes one space."""
-    runs: list[str] = []
-    start = previous = None
-    for index in [*indices, None]:
-        if index is not None and previous is not None and index == previous + 1:
-            previous = index
-            continue
-        if start is not None:
-            runs.append(doc[start : previous + 1].text)
-        start = previous = index
-    return " ".join(" ".join(runs).split()).strip(" ,;:")
