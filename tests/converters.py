@@ -6,11 +6,9 @@ import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-# Django foreign keys (each holds the pk of another record) -> `<field>_id`, the key field
-# form records are mapped by (pipeline/extract/records.py).
-CHINOOK_REFERENCES = {"customer", "artist", "album", "support_rep", "reports_to", "genre",
-                      "mediatype", "invoice", "track", "playlist"}
-CHINOOK_DATES = ("invoicedate", "hiredate")
+from tkg.jobs.bench import chinook
+
+chinook_to_episodes = chinook.to_episodes  # one converter: the records test and the bench's
 
 
 def dmr_to_episodes(path: Path, group_id: str = "dmr") -> list[dict]:
@@ -33,26 +31,6 @@ def dmr_to_episodes(path: Path, group_id: str = "dmr") -> list[dict]:
                     "speaker": message.get("id") or f"Speaker {turn % 2 + 1}",
                     "content": message["text"],
                 })
-    return records
-
-
-def chinook_to_episodes(path: Path, models: tuple[str, ...], group_id: str = "chinook"
-                        ) -> list[dict]:
-    """Chinook fixture rows of the given models -> JSON business records."""
-    records = []
-    for item in json.loads(path.read_text()):
-        model = item["model"].split(".")[-1]
-        if model not in models:
-            continue
-        data = {f"{model}_id": item["pk"]}
-        for key, value in item["fields"].items():
-            data[f"{key}_id" if key in CHINOOK_REFERENCES and value is not None else key] = value
-        when = next((item["fields"][k] for k in CHINOOK_DATES if item["fields"].get(k)),
-                    "2007-01-01T00:00:00Z")
-        records.append({
-            "group_id": group_id, "id": f"{model}-{item['pk']}", "kind": "json",
-            "timestamp": when, "source": f"chinook.{model}s", "data": data,
-        })
     return records
 
 

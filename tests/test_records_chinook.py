@@ -11,32 +11,20 @@ import pytest
 from tests.conftest import SHARED_DATA
 
 FIXTURE = SHARED_DATA / "chinook_fixture.json"
-MODELS = ("customer", "employee", "invoice")
-# What inference cannot know: which record a Django foreign key points at (the README's
-# example of a `records` section).
-SOURCES = {
-    "chinook.employees": {"references": {"reports_to_id": "Employee"}},
-    "chinook.customers": {"references": {"support_rep_id": "Employee"}},
-}
-REFERENCES = {  # field -> (relation, label of the record it points at)
-    "reports_to_id": ("REPORTS_TO", "Employee"), "support_rep_id": ("SUPPORT_REP", "Employee"),
-    "customer_id": ("CUSTOMER", "Customer"),
-}
 pytestmark = pytest.mark.skipif(not FIXTURE.is_file(), reason="../shared/data is absent")
 
 
 @pytest.fixture(scope="module")
 def chinook(ray_session, config, tmp_path_factory):
+    from tkg.jobs.bench.chinook import records_config, to_episodes
     from tkg.pipeline.build import build
 
-    from tests.converters import chinook_to_episodes, write_jsonl
+    from tests.converters import write_jsonl
 
-    records = chinook_to_episodes(FIXTURE, MODELS)
+    records = to_episodes(FIXTURE)
     folder = tmp_path_factory.mktemp("chinook")
     inputs = write_jsonl(records, folder / "chinook.jsonl")
-    configured = config.model_copy(update={"records": config.records.model_validate(
-        {"sources": SOURCES})})
-    result = build(configured, [str(inputs)], folder / "store")
+    result = build(records_config(config), [str(inputs)], folder / "store")
     return records, result
 
 
@@ -48,48 +36,26 @@ def catalog(chinook):
         yield con
 
 
-def _record_entities(catalog) -> dict[str, tuple[str, str]]:
-    """key name ("Employee 2") -> (entity id, name) of every record's entity."""
-    rows = catalog.execute("SELECT entity_id, name, attributes FROM entities "
-                           "WHERE group_id = 'chinook'").fetchall()
-    found = {}
-    for entity_id, name, attributes in rows:
-        record = json.loads(attributes or "{}").get("record")
-        if record:
-            found[record] = (entity_id, name)
-    return found
-
-
 def test_every_record_is_one_entity(chinook, catalog):
+    from tkg.jobs.bench.chinook import record_entities, records_by_label
+
     _, result = chinook
     assert result.summary["rejected"] == 0
-    by_label: dict[str, int] = {}
-    for record in _record_entities(catalog):
-        label = record.split()[0]
-        by_label[label] = by_label.get(label, 0) + 1
-    assert by_label == {"Employee": 8, "Customer": 59, "Invoice": 412}
-    names = {name for _, name in _record_entities(catalog).values()}
+    assert records_by_label(catalog) == {"Customer": 59, "Employee": 8, "Invoice": 412}
+    names = {name for _, name in record_entities(catalog).values()}
     assert {"Andrew Adams", "Nancy Edwards", "Jane Peacock", "Luís Gonçalves"} <= names
 
 
 def test_reference_edges_match_the_fixture_keys(chinook, catalog):
+    from tkg.jobs.bench.chinook import reference_edges
+
     records, _ = chinook
-    entities = _record_entities(catalog)
-    expected = set()
-    for record in records:
-        data = record["data"]
-        model = record["id"].split("-")[0]  # the converter's `<model>-<pk>`
-        source = entities[f"{model.capitalize()} {data[f'{model}_id']}"][0]
-        for field, (relation, label) in REFERENCES.items():
-            if field != f"{model}_id" and data.get(field) is not None:  # not its own key
-                expected.add((source, relation, entities[f"{label} {data[field]}"][0]))
-    relations = tuple(relation for relation, _ in REFERENCES.values())
-    found = set(catalog.execute(
-        f"SELECT source_entity_id, relation, target_entity_id FROM facts WHERE group_id = "
-        f"'chinook' AND relation IN {relations}").fetchall())
-    recall = len(found & expected) / len(expected)
-    precision = len(found & expected) / len(found)
-    assert (recall, precision) == (1.0, 1.0), (len(expected), len(found))
+    edges = reference_edges(records, catalog)
+    assert edges["missing_record_entities"] == 0
+    assert {relation: (e["expected"], e["recall"], e["precision"]) for relation, e in
+            edges.items() if relation != "missing_record_entities"} == {
+        "overall": (478, 1.0, 1.0), "REPORTS_TO": (7, 1.0, 1.0),
+        "SUPPORT_REP": (59, 1.0, 1.0), "CUSTOMER": (412, 1.0, 1.0)}
 
 
 def test_scalars_are_attributes_not_entities(chinook, catalog):
@@ -100,6 +66,9 @@ def test_scalars_are_attributes_not_entities(chinook, catalog):
     names = {name.casefold() for (name,) in catalog.execute(
         "SELECT name FROM entities WHERE group_id = 'chinook'").fetchall()}
     assert not names & scalars
+    from tkg.jobs.bench.chinook import attribute_only_entities
+
+    assert attribute_only_entities(records, catalog) == []
     assert not [n for n in names if re.fullmatch(r"[+\d\s().-]{7,}", n)]  # no phone number
     andrew = json.loads(catalog.execute(
         "SELECT attributes FROM entities WHERE name = 'Andrew Adams'").fetchone()[0])

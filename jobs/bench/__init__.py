@@ -19,6 +19,8 @@ BENCHES = {
     "communities": ("communities", "label propagation, planted partition"),
     "serve": ("serve", "HTTP load on a synthetic store, publish mid-run"),
     "incremental": ("incremental", "a full build, then a small newer run into it"),
+    "graph": ("graph", "graph quality (../shared/data): LoCoMo observations, chinook "
+              "records, generic nouns, person duplicates"),
 }
 
 
