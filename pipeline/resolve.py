@@ -95,12 +95,12 @@ def resolve_entities(mentions: pa.Table, created_at: datetime) -> pa.Table:
     # A record's key name (`Employee 2`) names an entity only when nothing else does.
     key_name = pl.col("attributes").cast(pl.String).str.json_path_match(
         f"$.{RECORD_ATTRIBUTE}") == pl.col("name")
-    nickname = pl.col("evidence") == "nickname"  # Mel names Melanie only when nothing else does
+    short = pl.col("evidence").is_in(NEVER_NAMES)  # Mel, T-17: never the entity's name
     named = (df.group_by([*keys, "name"]).agg(count=pl.len(), key_name=key_name.any(),
-                                              nickname=nickname.any())
+                                              short=short.any())
              .with_columns(words=pl.col("name").str.count_matches(r"\S+"),
                            chars=pl.col("name").str.len_chars())
-             .sort([*keys, "key_name", "nickname", "words", "count", "chars", "name"],
+             .sort([*keys, "short", "key_name", "words", "count", "chars", "name"],
                    descending=[False, False, False, False, True, True, True, False])
              .group_by(keys, maintain_order=True).agg(name=pl.col("name").first()))
     labelled = df.filter(pl.col("label").is_not_null())
@@ -552,7 +552,8 @@ def _one_meaning(matched: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
     name that could mean two stays apart (no pair: an adjudicator is not asked either). A
     short name said far more often than its full name is a name of its own: on LoCoMo the
     participant "Jon" (in 197 episodes) and a stray "Yep Jon" (1)."""
-    meanings = pl.col("normalized_b").n_unique().over(["group_id", "key", "normalized"])
+    # one person under two names of one core ("Ms. Rita Almeida", "Rita Almeida") is one
+    meanings = pl.col("core_b").n_unique().over(["group_id", "key", "normalized"])
     return matched.filter(
         (meanings == 1)
         & (pl.col("mentions") <= config.short_name_ratio * pl.col("mentions_b"))).unique(
@@ -634,6 +635,7 @@ def person_name_duplicates(entities: pa.Table) -> list[tuple[str, str, str]]:
 
 
 ALIAS_MAP = schema.ALIAS_MAP
+NEVER_NAMES = ("nickname", "code")  # evidence whose shorter name never names an entity
 
 
 def cluster(pairs: pa.Table) -> pa.Table:
@@ -663,14 +665,18 @@ def cluster(pairs: pa.Table) -> pa.Table:
     _, component = connected_components(graph, directed=False)
     nodes = nodes.with_columns(component=pl.Series(component),
                                words=pl.col("normalized").str.count_matches(r"\S+"))
-    # a nickname names its person only when nothing else does (Mel said more than Melanie)
-    nicknames = merges.filter(pl.col("evidence") == "nickname").select(
-        "group_id", normalized=pl.when(pl.col("a").str.len_chars() < pl.col("b").str.len_chars())
-        .then(pl.col("a")).otherwise(pl.col("b"))).unique().with_columns(nickname=pl.lit(True))
+    # a nickname or a bare code never names its entity, even a record's (Mel said more often
+    # than Melanie; T-17 of the record Ticket T-17): the shorter name of such a merge
+    words_a, words_b = (pl.col(side).str.count_matches(r"\S+") for side in ("a", "b"))
+    shorter_a = (words_a < words_b) | ((words_a == words_b) & (
+        pl.col("a").str.len_chars() < pl.col("b").str.len_chars()))
+    shorts = merges.filter(pl.col("evidence").is_in(NEVER_NAMES)).select(
+        "group_id", normalized=pl.when(shorter_a).then(pl.col("a")).otherwise(pl.col("b"))
+    ).unique().with_columns(short=pl.lit(True))
     roots = (nodes.with_columns(key_name=pl.col("mentions") == 0)  # node_pairs' score
-             .join(nicknames, on=["group_id", "normalized"], how="left")
-             .with_columns(pl.col("nickname").fill_null(False))
-             .sort(["component", "key_name", "nickname", "words", "mentions", "normalized"],
+             .join(shorts, on=["group_id", "normalized"], how="left")
+             .with_columns(pl.col("short").fill_null(False))
+             .sort(["component", "short", "key_name", "words", "mentions", "normalized"],
                    descending=[False, False, False, True, True, False])
              .group_by("component", maintain_order=True).agg(root=pl.col("normalized").first()))
     touched = pl.concat([

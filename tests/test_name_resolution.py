@@ -37,7 +37,7 @@ def node(name: str, labels: tuple[str, ...] = PERSON, mentions: int = 1, group: 
 
 
 def _table(nodes: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist(nodes)
+    return pa.Table.from_pylist([{"attributes": None, **n} for n in nodes])
 
 
 def resolved(nodes: list[dict], config: ResolveConfig = CONFIG) -> dict[str, tuple[str, str]]:
@@ -110,6 +110,16 @@ def test_a_participant_is_not_the_short_form_of_a_stray_full_name():
                       node("Tetlow", mentions=20), node("Tania Tetlow")])
     assert roots["jon"] == ("jon", "exact")
     assert roots["tetlow"] == ("tania tetlow", "surname")  # within short_name_ratio
+
+
+def test_names_of_one_person_are_one_meaning_and_a_code_never_names_its_record():
+    record = dict(node("Ticket T-17", ("Ticket",)), attributes='{"record": "Ticket T-17"}')
+    roots = resolved([node("Ms. Rita Almeida"), node("Rita Almeida", mentions=3),
+                      node("Ms. Almeida"), record, node("T-17", ("Product",), 6)])
+    assert roots["ms almeida"][1] == "surname"  # two names of one core: one person
+    assert roots["ms almeida"][0] == roots["rita almeida"][0] == roots["ms rita almeida"][0]
+    # a record's key name names it only when nothing else does, but a bare code is no name
+    assert roots["t-17"] == ("ticket t-17", "code")
 
 
 def test_never_across_groups():
