@@ -585,6 +585,9 @@ def _short_names(df: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
                                 scorer=fuzz.ratio, workers=1) / 100.0
     role, same = pl.col("role_b"), pl.col("part") == pl.col("part_b")
     person = role.is_in(["first", "last"])
+    # a person is no organisation's short form (Tania Tetlow, Tania Tetlow Foundation)
+    only_person = pl.col("personish") & (pl.col("specific").list.set_difference(
+        sorted(PERSONISH)).list.len() == 0)
     matched = matched.with_columns(similarity=pl.Series(similarity, dtype=pl.Float64)
                                ).with_columns(
         evidence=pl.when(role == "first").then(
@@ -593,7 +596,8 @@ def _short_names(df: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
         score=pl.when(same).then(pl.lit(1.0)).otherwise(pl.col("similarity").round(4)),
     ).filter((same | ((role == "first")
                       & (pl.col("similarity") >= config.given_name_similarity)))
-             & (~person | (pl.col("lone") & (pl.col("personish") | (pl.col("cls") == "")))))
+             & (~person | (pl.col("lone") & (pl.col("personish") | (pl.col("cls") == ""))))
+             & ((role != "short_form") | ~only_person))
     return _one_meaning(matched, config).select(_SHORT_COLUMNS)
 
 

@@ -87,12 +87,14 @@ def test_what_only_looks_alike_stays_apart():
         node("Denzel Washington"), node("Washington", ("Location",)),  # a place
         node("Fordham Road", ("Location",)), node("Fordham Road Market", ORG),
         node("Sam Rivera"), node("sam"),  # lower case: a word, not a name
+        node("Ada Byron"), node("Ada Byron Foundation", ORG),  # a person, not a short form
     ])
     assert roots["tim"] == ("tim", "exact")
     assert roots["mel"] == ("mel", "exact")
     assert roots["washington"] == ("washington", "exact")
     assert roots["fordham road"] == ("fordham road", "exact")
     assert roots["sam"] == ("sam", "exact")
+    assert roots["ada byron"] == ("ada byron", "exact")
 
 
 def test_a_nickname_is_the_start_of_a_given_name_of_three_letters_or_more():
