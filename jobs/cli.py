@@ -108,6 +108,18 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_command(args: argparse.Namespace) -> int:
+    """`tkg build`: its `--input`, and with `--inbox` what waits in the store's inbox."""
+    if args.inbox:
+        from tkg.jobs.inbox import build_inbox
+
+        return build_inbox(args, cmd_build)
+    if not args.input:
+        raise ValueError("give --input FILE|FOLDER|GLOB (repeatable), or --inbox to build what "
+                         "waits in the store's inbox")
+    return cmd_build(args)
+
+
 def store_stats(store_dir: Path) -> dict[str, Any]:
     """Counts read from the current snapshot's catalog, plus its run's timings."""
     from tkg.pipeline import store
@@ -207,8 +219,11 @@ def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     build = commands.add_parser("build", help="build a snapshot from input files")
     build.add_argument("--config", default=None, help="YAML config (default: embedded default)")
-    build.add_argument("--input", action="append", required=True,
+    build.add_argument("--input", action="append", default=None,
                        help="a .jsonl/.parquet file, a folder or a glob; repeatable")
+    build.add_argument("--inbox", action="store_true",
+                       help="also build what agents added to the store's inbox (POST "
+                       "/episodes, add_memory, tkg.query.add_episodes); it is built once")
     build.add_argument("--store", required=True, help="store folder")
     build.add_argument("--run-id", default=None, help="resume or name a run")
     build.add_argument("--json", action="store_true",
@@ -216,7 +231,7 @@ def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     build.add_argument("--verbose", action="store_true",
                        help="show Ray's and the libraries' logs instead of writing them to "
                        "the run's log file")
-    build.set_defaults(fn=cmd_build)
+    build.set_defaults(fn=cmd_build_command)
 
     stats = commands.add_parser("stats", help="counts of the current snapshot")
     stats.add_argument("--store", required=True)

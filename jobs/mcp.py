@@ -21,9 +21,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 def add_command(commands: Any) -> None:
     mcp = commands.add_parser(
         "mcp", help="memory as MCP tools for agents (stdio or streamable HTTP)",
-        description="Serve search_memory, get_context, get_fact_history and get_entity over "
-                    "the Model Context Protocol. Over stdio with --keys, the key is read "
-                    "from $TKG_API_KEY.")
+        description="Serve search_memory, get_context, get_fact_history, get_entity and "
+                    "add_memory over the Model Context Protocol. Over stdio with --keys, the "
+                    "key is read from $TKG_API_KEY.")
     mcp.add_argument("--store", required=True, help="store folder")
     mcp.add_argument("--group", action="append", default=None,
                      help="pin the server to this group (repeatable); nothing else is read")

@@ -15,6 +15,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = load_config(args.config).serve
     if args.processes is not None:
         limits = limits.model_copy(update={"processes": args.processes})
+    if args.build_every:
+        from tkg.jobs.inbox import BuildEvery
+
+        BuildEvery(args.store, args.build_every, args.config).start()
     serve(args.store, host=args.host, port=args.port, keys_file=args.keys, limits=limits,
           query=configured_query(args.config))
     return 0
@@ -61,6 +65,9 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("--processes", type=int, default=None,
                        help="retrieval processes (default: serve.processes, 1); one per CPU "
                             "for throughput")
+    serve.add_argument("--build-every", type=float, default=None, metavar="MINUTES",
+                       help="every MINUTES, build what waits in the store's inbox (POST "
+                       "/episodes) with `tkg build --inbox`: for small stores")
     serve.set_defaults(fn=cmd_serve)
 
     keys = commands.add_parser("keys", help="API keys of tkg serve")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import posixpath
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -209,6 +210,47 @@ def _parent(fs: pafs.FileSystem, path: str) -> None:
 
 def write_text(location: str | Path, text: str, config: StorageConfig | None = None) -> None:
     write_bytes(location, text.encode("utf-8"), config)
+
+
+def write_durable(location: str | Path, data: bytes, config: StorageConfig | None = None
+                  ) -> None:
+    """One file that a crash leaves whole or absent, and on disk before this returns (an
+    inbox part: its writer answers "accepted" only after). Locally a hidden temporary file
+    beside it is fsynced and renamed over it, then the folder is fsynced; an object store's
+    upload is all or nothing already, and durable once acknowledged."""
+    if is_url(location):
+        write_bytes(location, data, config)
+        return
+    path = Path(location)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def move(source: Location, target: Location, config: StorageConfig | None = None) -> None:
+    """Move a file: a rename locally; on an object store a copy then a delete (a crash
+    between leaves it in both places, never in neither)."""
+    fs, path = resolve(source, config)
+    _, target_path = resolve(target, config)
+    _parent(fs, target_path)
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.move(path, target_path)
+    else:
+        fs.copy_file(path, target_path)
+        fs.delete_file(path)
 
 
 def list_files(location: str | Path, config: StorageConfig | None = None,

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tkg.query.api import Retriever, SearchResult, open
+    from tkg.query.api import Retriever, SearchResult, add_episodes, open
 
-__all__ = ["Retriever", "SearchResult", "open"]
+__all__ = ["Retriever", "SearchResult", "add_episodes", "open"]
 
 
 def __getattr__(name: str) -> Any:

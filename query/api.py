@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tkg.pipeline import storage
-from tkg.pipeline.config import MAX_RESULTS, EmbedConfig, QueryConfig
+from tkg.pipeline import inbox, storage
+from tkg.pipeline.config import MAX_RESULTS, EmbedConfig, LimitsConfig, QueryConfig
+from tkg.pipeline.inbox import Added
 from tkg.query import rerank
 from tkg.query.candidates import OneSearch
 from tkg.query.context import build_context
@@ -41,7 +42,7 @@ from tkg.query.snapshot import (
 
 # The public names: the retriever, and the hits it returns (`tkg.query.hits`).
 __all__ = ["KINDS", "CommunityHit", "EntityHit", "EpisodeHit", "FactHit", "Retriever",
-           "SearchResult", "open", "snapshot_embedder"]
+           "SearchResult", "add_episodes", "open", "snapshot_embedder"]
 
 _EMBEDDERS: dict[str, Any] = {}
 _EMBEDDERS_LOCK = threading.Lock()
@@ -164,9 +165,22 @@ class Retriever:
         """The context string of a search result (default budget: query.context_tokens)."""
         return build_context(result, max_tokens or self.config.context_tokens)
 
+    def add_episodes(self, records: Sequence[Any], limits: LimitsConfig | None = None
+                     ) -> Added:
+        """`add_episodes` on this retriever's store."""
+        return add_episodes(self.store, records, limits)
+
     def recipe(self, recipe: str | Recipe | None = None) -> Recipe:
         """A recipe by name, as given, or the configured one (query.recipe)."""
         return recipe if isinstance(recipe, Recipe) else get_recipe(recipe or self.config.recipe)
+
+
+def add_episodes(store_dir: str | Path, records: Sequence[Any],
+                 limits: LimitsConfig | None = None) -> Added:
+    """Add episodes (input-contract records: group_id, id, timestamp, kind and its fields) to
+    the store's inbox, where the next `tkg build --inbox` finds them; answers per record its
+    episode id or why it was rejected (`pipeline/inbox.py`). Searches see them once built."""
+    return inbox.add(storage.location(store_dir), records, limits, storage.configured())
 
 
 def open(store_dir: str | Path, embedder: Any = None, config: QueryConfig | None = None,

@@ -1,7 +1,9 @@
 """`tkg mcp`: the retriever as Model Context Protocol tools, for agents (official `mcp` SDK).
 
 Tools: `search_memory`, `get_context`, `get_fact_history`, `get_entity`, over the retriever
-and catalog that `tkg serve` answers from, with the same tenancy rule (`keys.readable`):
+and catalog that `tkg serve` answers from, and `add_memory`, which writes one episode to the
+store's inbox (`pipeline/inbox.py`, like `POST /episodes`), with the same tenancy rule
+(`keys.readable`; a key writes only the groups it reads):
 
 - `--group G` pins the server: no call reads anything else.
 - `--keys FILE`: over HTTP every request carries a key (`Authorization: Bearer KEY` or
@@ -19,9 +21,11 @@ stray prints cannot corrupt the protocol) and streamable HTTP at `/mcp`.
 # and they name bounds local to create_server)
 import os
 import threading
+import uuid
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,6 +33,7 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
+from tkg.pipeline import inbox, storage
 from tkg.pipeline.config import GROUP_ID_PATTERN, QueryConfig, ServeConfig
 from tkg.query import catalog
 from tkg.query import keys as api_keys
@@ -46,8 +51,9 @@ INSTRUCTIONS = (
     "communities and source episodes for a question; get_context returns them as one text "
     "block for a prompt. Facts carry valid_at/invalid_at (when true in the world); pass "
     "as_of to ask about a past moment. get_fact_history lists every version of a fact, "
-    "get_entity one entity with its aliases. group_ids: the memory spaces to read (default: "
-    "all this connection may read).")
+    "get_entity one entity with its aliases. add_memory remembers a new message or text; it "
+    "is searchable after the store's next build. group_ids: the memory spaces to read "
+    "(default: all this connection may read).")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,14 @@ class Access:
             key_groups = api_keys.caller_groups(self.keys, presented)
             groups = key_groups if groups is None else groups & key_groups
         return groups
+
+    def writable(self, headers: Mapping[str, str] | None, group_id: str | None) -> str:
+        """The group a write goes to: the one named (which the call must be allowed to read:
+        a key writes its own groups only), or the only one the call may read."""
+        groups = self.groups(headers, [group_id] if group_id else None)
+        if len(groups) != 1:
+            raise ToolError(f"name the group_id to write (one of {groups})")
+        return groups[0]
 
     def groups(self, headers: Mapping[str, str] | None, asked: list[str] | None) -> list[str]:
         try:
@@ -168,7 +182,40 @@ def create_server(store_dir: str | Path, access: Access, limits: ServeConfig | N
             raise ToolError(f"no entity {entity_id} in group(s) {groups}")
         return found
 
+    Text = Annotated[str | None, Field(max_length=512)]
+
+    @server.tool(description="Remember something: one episode (a message of a conversation "
+                             "when conversation_id and speaker are given, else a text) goes to "
+                             "the store's inbox and is searchable after its next build. "
+                             "Answers its episode_id, or why it was rejected.")
+    async def add_memory(content: Annotated[str, Field(min_length=1)], ctx: Context,
+                         group_id: GroupId | None = None, conversation_id: Text = None,
+                         speaker: Text = None, role: Text = None, title: Text = None,
+                         timestamp: Moment = None, id: Text = None,
+                         source_description: Text = None) -> dict[str, Any]:
+        record = memory_record(access.writable(ctx.headers, group_id), content, {
+            "conversation_id": conversation_id, "speaker": speaker, "role": role,
+            "title": title, "timestamp": timestamp, "id": id,
+            "source_description": source_description})
+        added = await run(lambda: inbox.add(retriever.store, [record],
+                                            config=storage.configured()))
+        if not added.accepted:
+            raise ToolError(f"rejected: {added.results[0]['reason']}")
+        return added.results[0]
+
     return server
+
+
+def memory_record(group_id: str, content: str, fields: dict[str, str | None]) -> dict[str, Any]:
+    """An input-contract record of `add_memory`'s arguments: a message where it names a
+    conversation or a speaker, else a text; a fresh id and the current time where none given
+    (the contract then checks it as a build would)."""
+    given = {k: v for k, v in fields.items() if v is not None}
+    message = "conversation_id" in given or "speaker" in given
+    return {"group_id": group_id, "kind": "message" if message else "text",
+            "id": given.pop("id", None) or uuid.uuid4().hex,
+            "timestamp": given.pop("timestamp", None) or datetime.now(UTC).isoformat(),
+            "content": content, **given}
 
 
 class RequireKey:

@@ -20,7 +20,8 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from tkg.query import keys as api_keys
 
-TOOLS = {"search_memory", "get_context", "get_fact_history", "get_entity"}
+TOOLS = {"search_memory", "get_context", "get_fact_history", "get_entity",
+         "add_memory"}
 TKG = [sys.executable, "-m", "tkg.jobs.cli", "mcp"]
 
 

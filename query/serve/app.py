@@ -20,6 +20,7 @@ from tkg.query.serve import docs
 from tkg.query.serve.metrics import BoundedAndMeasured, Metrics
 from tkg.query.serve.pool import Workers
 from tkg.query.serve.routes import Service, add_routes
+from tkg.query.serve.write import add_write_routes
 from tkg.query.snapshot import SnapshotHolder
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -80,6 +81,7 @@ def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
     app.state.service = service
     app.add_middleware(BoundedAndMeasured, limits=limits, metrics=service.metrics)
     add_routes(app, limits)
+    add_write_routes(app)
     docs.add_docs(app)
     return app
 
