@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from tkg.pipeline import storage
+from tkg.pipeline import reliability, storage
 
-LOG_NAME = "tkg.log"
+LOG_NAME = reliability.RUN_LOG
 
 
 def log_path(store_dir: str, work: Path | str) -> Path:
@@ -32,6 +32,35 @@ def log_path(store_dir: str, work: Path | str) -> Path:
         return Path(tempfile.gettempdir(), "tkg-logs", storage.name(work), LOG_NAME)
     return Path(work) / LOG_NAME
 SUCCESS = "_SUCCESS.json"  # the runner's marker of a finished stage
+
+
+def start_line(run_id: str, files: list[Any], store_dir: str, log: Path | None) -> str:
+    """The build's first line, printed before Ray starts (a second after the command, where
+    the first line used to come after Ray's start, ~26 s on a busy machine): the run id, so
+    a stopped build is resumed without guessing which work folder is its."""
+    count = f"{len(files):,} input file{'' if len(files) == 1 else 's'}"
+    line = (f"tkg build: run {run_id}, {count} into {store_dir} (resume it with --run-id "
+            f"{run_id})")
+    return line + (f"; log {log}" if log is not None else "")
+
+
+def input_warnings(summary: dict[str, Any], skipped: list[Any]) -> list[str]:
+    """What the user should know about the input besides the counts: files of folders that
+    were not read, an input with no record, one whose every record was rejected."""
+    warnings = []
+    if skipped:
+        names = ", ".join(str(f) for f in skipped[:5]) + (
+            f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        warnings.append(f"{len(skipped)} file{'s' if len(skipped) > 1 else ''} in the input "
+                        f"folders not read (a folder gives its .jsonl, .ndjson, .parquet and "
+                        f".pq files; name another file with --input to be told why): {names}")
+    if not summary.get("episodes_in"):
+        warnings.append("the input holds no record: the snapshot published adds nothing "
+                        "(check --input: empty files, or the wrong folder)")
+    elif not summary.get("episodes_ok"):
+        warnings.append(f"every record was rejected ({summary.get('rejected', 0):,}); "
+                        "their reasons are in the store's rejects table")
+    return warnings
 
 
 @contextlib.contextmanager
@@ -52,6 +81,7 @@ def terminal(log_path: Path | None, json_mode: bool) -> Iterator[tuple[IO[str], 
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             log = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed below
+            reliability.hold_run_log(log)  # `tkg gc` leaves a running build's work dir
             os.dup2(log.fileno(), 1)
             os.dup2(log.fileno(), 2)
         elif json_mode:
@@ -88,11 +118,13 @@ class StageProgress:
         self.stages = stages
         self.shown: set[str] = set()
         self._done: list[tuple[str, float]] = []  # markers read (each once: a store request)
+        self.resumed: set[str] = set()  # finished before this run began: their old seconds
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> StageProgress:
+        self.resumed = {name for name, _ in self._finished()}  # before the runner starts
         self._thread.start()
         return self
 
@@ -118,7 +150,8 @@ class StageProgress:
         return self._done
 
     def _line(self, name: str, seconds: float) -> str:
-        return f"  [green]✓[/green] {name:<12} {seconds:7.1f} s"
+        reused = " (resumed)" if name in self.resumed else ""
+        return f"  [green]✓[/green] {name:<12} {seconds:7.1f} s{reused}"
 
     def _running(self) -> str:
         done = len(self.shown)
@@ -155,9 +188,24 @@ def reject_reasons(snapshot: Path | str, run_id: str) -> dict[str, int]:
                                 pc.is_in(table["stage"], pa_strings(["read", "window"]))))
     counts: dict[str, int] = {}
     for reason in mine["reason"].to_pylist():
-        kind = re.sub(r"\s+", " ", (reason or "unknown").split(":", 1)[0]).strip()[:60]
+        kind = reason_kind(reason)
         counts[kind] = counts.get(kind, 0) + 1
     return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+KIND_CHARS = 160  # a reason's kind is cut here, at a word: a line of the console summary
+
+
+def reason_kind(reason: str | None) -> str:
+    """A reject reason without what is particular to the record: the text before its first
+    ': ' (the detail), with a record's own numbers as N and a limit's kept ("field 'content'
+    is N characters, over the limit of 100000"); cut at a word only past KIND_CHARS (cut at
+    60 characters, "over the limit of 100000" read "over the limit of 1000")."""
+    kind = re.sub(r"\s+", " ", (reason or "unknown").split(": ", 1)[0]).strip()
+    kind = re.sub(r"(?<!limit of )(?<!than )(?<![\w.-])\d+(?![\w.])", "N", kind)
+    if len(kind) > KIND_CHARS:
+        kind = kind[:KIND_CHARS].rsplit(" ", 1)[0] + " …"
+    return kind
 
 
 def pa_strings(values: list[str]):

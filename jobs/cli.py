@@ -73,12 +73,15 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     files = sources.discover(args.input, config.storage)  # refuses odd inputs, Ray not started
-    from tkg.pipeline.build import build, new_run_id
-    from tkg.pipeline.stages import STAGES
-
-    run_id = args.run_id or new_run_id(store.now(), files)
+    run_id = args.run_id or store.new_run_id(store.now(), files)
     work = store.work_dir(storage.location(args.store), run_id)
     log_path = None if args.verbose else build_output.log_path(args.store, work)
+    print(build_output.start_line(run_id, files, args.store, log_path), flush=True,
+          file=sys.stderr if args.json else sys.stdout)
+    skipped = sources.skipped(args.input, config.storage)
+    from tkg.pipeline.build import build
+    from tkg.pipeline.stages import STAGES
+
     with build_output.terminal(log_path, args.json) as (out, err):
         try:
             if args.json:
@@ -97,6 +100,8 @@ def cmd_build(args: argparse.Namespace) -> int:
             if log_path is not None:
                 print(f"tkg: log: {log_path}", file=err)
             return 1
+        for warning in build_output.input_warnings(result.summary, skipped):
+            print(f"tkg build: warning: {warning}", file=err)
         if args.json:  # on the terminal's stdout, which carries nothing else
             print(json.dumps(result.summary, default=str), file=out)
             return 0
@@ -261,10 +266,24 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _configure_storage(args)
-        return args.fn(args)
+        code = args.fn(args)
+        sys.stdout.flush()  # here, not at exit, where a closed pipe is a traceback
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except (InputError, StoreError, StageFailed, FileNotFoundError, ValueError) as exc:
         print(f"tkg: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (`tkg context ... | head`): not an error of tkg's.
+    What is still buffered goes nowhere, so the exit's flush raises nothing; the exit status
+    is a shell's for a command ended by SIGPIPE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + 13
 
 
 if __name__ == "__main__":

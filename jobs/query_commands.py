@@ -82,8 +82,20 @@ def cmd_search(args: argparse.Namespace) -> int:
         print(f"{kind}:")
         for hit in hits:
             text = hit.get("fact") or hit.get("name") or hit.get("content") or ""
-            print(f"  {hit['score']:.4f}  {' '.join(str(text).split())[:100]}")
+            print(f"  {hit['score']:.4f}  {' '.join(str(text).split())[:100]}{_when(kind, hit)}")
     return 0
+
+
+def _when(kind: str, hit: dict[str, Any]) -> str:
+    """A fact's valid time ('  [2024-06-01 .. now]'), an episode's day and speaker."""
+    if kind == "facts":
+        start = (hit.get("valid_at") or "?")[:10]
+        end = (hit.get("invalid_at") or "now")[:10]
+        return f"  [{start} .. {end}]"
+    if kind == "episodes":
+        said = f", {hit['speaker']}" if hit.get("speaker") else ""
+        return f"  [{(hit.get('valid_at') or '?')[:10]}{said}]"
+    return ""
 
 
 def cmd_context(args: argparse.Namespace) -> int:

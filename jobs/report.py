@@ -1,9 +1,11 @@
-"""`tkg report --store DIR --out FILE.html`: one self-contained HTML page about a snapshot's run.
+"""`tkg report --store DIR [--out FILE.html]`: one self-contained HTML page about a snapshot's run.
 
 Everything comes from SQL on the current snapshot's DuckDB catalog (plus its manifest for the
 title); charts are matplotlib PNGs inlined as base64, so the file can be mailed or attached
 to a ticket. Every section renders, with "none yet" when its table is empty. All text from
-the data is HTML-escaped: episodes are user input.
+the data is HTML-escaped: episodes are user input. Without `--out` the page is written
+beside the store (`.tkg/demo` -> `.tkg/demo-report.html`), never into the working dir, which
+`ray job submit --working-dir .` would ship.
 """
 
 from __future__ import annotations
@@ -137,14 +139,23 @@ def section_counts(ctx: Context) -> str:
 
 
 def section_runs(ctx: Context) -> str:
+    """One narrow row per run (twelve columns of full timestamps ran off the page): counts
+    that belong together share a cell."""
     runs = query(ctx.con, """
-        SELECT run_id, status, started_at, finished_at, episodes_in, episodes_ok, rejected,
-               entities, facts_current, facts_invalidated, communities,
-               round(list_sum(map_values(stage_seconds)), 2) AS seconds
+        SELECT run_id || ' (' || status || ')' AS run,
+               strftime(started_at, '%Y-%m-%d %H:%M') AS started,
+               round(list_sum(map_values(stage_seconds)), 1) AS seconds,
+               format('{:,} / {:,} / {:,}', episodes_in, episodes_ok, rejected)
+                   AS "records in / ok / rejected",
+               entities,
+               format('{:,} / {:,}', facts_current, facts_invalidated)
+                   AS "facts current / invalidated",
+               communities
         FROM runs ORDER BY started_at""")
     chart = ""
     if len(runs.rows) > 1:
-        chart = bar_chart([r[0] for r in runs.rows], [r[7] or 0 for r in runs.rows],
+        chart = bar_chart([r[0].split(" ")[0] for r in runs.rows],
+                          [r[4] or 0 for r in runs.rows],
                           "entities after each run", "entities", horizontal=False)
     return table_html(runs) + chart
 
@@ -240,17 +251,90 @@ def section_facts(ctx: Context) -> str:
 
 
 def section_communities(ctx: Context) -> str:
+    """The largest communities by members, as a table and bars; with more than TOP, how
+    sizes spread (a bar per distinct size drew seven bars of height 1 on the demo)."""
     top = query(ctx.con, f"""
         SELECT group_id, name, size, summary FROM communities
         ORDER BY size DESC, group_id, name LIMIT {TOP}""")
-    top = Frame(top.columns, [(*r[:3], _clip(r[3])) for r in top.rows])
-    sizes = query(ctx.con, """
-        SELECT size, count(*) AS communities FROM communities GROUP BY ALL ORDER BY size""")
     chart = ""
-    if sizes.rows:
-        chart = bar_chart([r[0] for r in sizes.rows], [r[1] for r in sizes.rows],
-                          "community sizes", "communities", horizontal=False)
+    if top.rows:
+        chart = bar_chart([f"{r[1] or '(unnamed)'} ({r[0]})"[:50] for r in top.rows],
+                          [r[2] for r in top.rows], f"the {len(top.rows)} largest communities",
+                          "members")
+    total = query(ctx.con, "SELECT count(*) FROM communities").rows[0][0]
+    if total > TOP:
+        sizes = query(ctx.con, """
+            SELECT CASE WHEN size <= 2 THEN size::VARCHAR
+                        ELSE (2 ** floor(log2(size - 1)))::BIGINT + 1 || '-'
+                             || (2 ** ceil(log2(size)))::BIGINT END AS members,
+                   min(size) AS low, count(*) AS communities
+            FROM communities GROUP BY ALL ORDER BY low""")
+        chart += bar_chart([r[0] for r in sizes.rows], [r[2] for r in sizes.rows],
+                           f"community sizes ({total:,} communities)", "communities",
+                           horizontal=False)
+    top = Frame(top.columns, [(*r[:3], _clip(r[3])) for r in top.rows])
     return table_html(top) + chart
+
+
+NEIGHBOURS = 16  # facts drawn around the entity in the graph picture
+
+
+def section_graph(ctx: Context) -> str:
+    """A picture of the graph: the entity with the most facts and its neighbours, placed
+    clockwise by when each fact began, a fact that ended drawn dashed with its end date."""
+    hub = query(ctx.con, """
+        SELECT e.entity_id, e.group_id, e.name, count(*) AS facts
+        FROM facts_current f JOIN entities e ON e.group_id = f.group_id
+             AND e.entity_id IN (f.source_entity_id, f.target_entity_id)
+        GROUP BY ALL ORDER BY facts DESC, e.group_id, e.name LIMIT 1""")
+    if not hub.rows:
+        return f'<p class="none">{NONE_YET}</p>'
+    entity_id, group, name, count = hub.rows[0]
+    facts = query(ctx.con, f"""
+        SELECT CASE WHEN f.source_entity_id = ? THEN t.name ELSE s.name END AS other,
+               f.relation, f.source_entity_id = ? AS outgoing, f.valid_at, f.invalid_at
+        FROM facts_current f
+        LEFT JOIN entities s ON s.entity_id = f.source_entity_id AND s.group_id = f.group_id
+        LEFT JOIN entities t ON t.entity_id = f.target_entity_id AND t.group_id = f.group_id
+        WHERE f.group_id = ? AND ? IN (f.source_entity_id, f.target_entity_id)
+        ORDER BY f.valid_at NULLS FIRST, f.relation, other LIMIT {NEIGHBOURS}""",
+                  [entity_id, entity_id, group, entity_id])
+    shown = f"{len(facts.rows)} of its {count:,} facts" if count > len(facts.rows) else (
+        f"its {count:,} facts")
+    return (f"<p>{esc(name)} (group {esc(group)}), {shown}, clockwise from the top in "
+            "the order they began; dashed: ended.</p>" + neighbourhood_chart(name, facts.rows))
+
+
+def neighbourhood_chart(name: str, rows: Sequence[tuple]) -> str:
+    """The entity in the middle, one spoke per fact (neighbour, relation, dates)."""
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(8, 8))
+    axis.set_axis_off()
+    axis.set_xlim(-1.6, 1.6)
+    axis.set_ylim(-1.4, 1.4)
+    for i, (other, relation, outgoing, valid_at, invalid_at) in enumerate(rows):
+        angle = math.pi / 2 - 2 * math.pi * i / max(len(rows), 1)
+        x, y = math.cos(angle), math.sin(angle)
+        ended = invalid_at is not None
+        axis.annotate("", xy=(x, y) if outgoing else (0, 0), xytext=(0, 0) if outgoing else (x, y),
+                      arrowprops={"arrowstyle": "->", "color": "#999" if ended else "#4c72b0",
+                                  "linestyle": "--" if ended else "-", "shrinkA": 18,
+                                  "shrinkB": 18})
+        when = (f"{valid_at:%Y-%m-%d}" if valid_at else "?") + (
+            f" .. {invalid_at:%Y-%m-%d}" if ended else "")
+        axis.text(0.55 * x, 0.55 * y, f"{relation}\n{when}", fontsize=7, ha="center",
+                  va="center", color="#555", bbox={"fc": "white", "ec": "none", "pad": 0.5})
+        axis.text(x, y, str(other or "?")[:28], fontsize=8, ha="center", va="center",
+                  bbox={"boxstyle": "round", "fc": "#eef", "ec": "#99b"})
+    axis.text(0, 0, str(name)[:28], fontsize=10, weight="bold", ha="center", va="center",
+              bbox={"boxstyle": "round", "fc": "#fde", "ec": "#c69"})
+    return png(figure)
 
 
 def _clip(text: str | None) -> str | None:
@@ -275,12 +359,14 @@ SECTIONS = (
     ReportSection("entities", "Entities", section_entities),
     ReportSection("facts", "Facts and invalidations", section_facts),
     ReportSection("communities", "Top communities", section_communities),
+    ReportSection("graph", "The graph around its busiest entity", section_graph),
 )
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
 h1 { margin-bottom: 0.2em; } .meta { color: #666; margin-top: 0; }
-table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; }
+table { border-collapse: collapse; margin: 0.5em 0 1em; font-size: 0.9em; max-width: 100%; }
+td { overflow-wrap: anywhere; }
 th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .none { color: #888; font-style: italic; } img { max-width: 100%; display: block; }
@@ -310,8 +396,19 @@ def render_report(store_dir: str | Path) -> str:
             f"<h1>tkg report</h1><p class=\"meta\">{meta}</p>{body}</body></html>\n")
 
 
-def write_report(store_dir: str | Path, out: str | Path) -> Path:
-    out = Path(out)
+def default_out(store_dir: str | Path) -> Path:
+    """Beside a local store: `.tkg/demo` -> `.tkg/demo-report.html`."""
+    from tkg.pipeline import storage
+
+    if storage.is_url(store_dir):
+        raise ValueError(f"{store_dir} is in object storage: name the page to write with "
+                         "--out FILE.html")
+    store = Path(store_dir).resolve()
+    return store.with_name(f"{store.name}-report.html")
+
+
+def write_report(store_dir: str | Path, out: str | Path | None = None) -> Path:
+    out = Path(out) if out is not None else default_out(store_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_report(store_dir), encoding="utf-8")
     return out
@@ -324,8 +421,10 @@ def cmd_report(args: Any) -> int:
 
 
 def add_command(commands: Any) -> None:
-    """`tkg report --store DIR --out FILE.html`, registered by `jobs/cli.py`."""
+    """`tkg report --store DIR [--out FILE.html]`, registered by `jobs/cli.py`."""
     report = commands.add_parser("report", help="one-page HTML report of the current snapshot")
     report.add_argument("--store", required=True, help="store folder")
-    report.add_argument("--out", required=True, help="HTML file to write")
+    report.add_argument("--out", default=None,
+                        help="HTML file to write (default: beside the store, "
+                             "STORE-report.html)")
     report.set_defaults(fn=cmd_report)

@@ -1,8 +1,10 @@
 """Writes `analytics.ipynb` and `retrieval.ipynb` from the cell sources below.
 
 The notebooks are committed without outputs; edit the cells here (reviewable Python) and run
-`.venv/bin/python notebooks/make_notebooks.py`. `tests/test_notebooks.py` executes both
-against the sample corpus store and checks that the committed files match this script.
+`.venv/bin/python notebooks/make_notebooks.py`; `... make_notebooks.py --execute DIR` runs
+them into DIR (with their outputs), leaving the committed files as they are.
+`tests/test_notebooks.py` executes both against the sample corpus store and checks that the
+committed files match this script.
 """
 
 from __future__ import annotations
@@ -122,8 +124,10 @@ if ENTITY is None:  # the entity with the most facts among those with a fact inv
         GROUP BY e.group_id, e.name HAVING count(*) FILTER (f.invalid_at IS NOT NULL) > 0
         ORDER BY count(*) DESC, e.name LIMIT 1""")
     GROUP, ENTITY = (pick["group_id"][0], pick["name"][0]) if pick.height else (None, None)
-history = sql("SELECT * FROM entity_history(?) WHERE ? IS NULL OR group_id = ?",
-              ENTITY, GROUP, GROUP) if ENTITY else None
+history = None
+if ENTITY:  # entity_history(alias, group): one group's; entity_history(alias): every group's
+    history = (sql("SELECT * FROM entity_history(?, ?)", ENTITY, GROUP) if GROUP
+               else sql("SELECT * FROM entity_history(?)", ENTITY))
 print(f"history of {ENTITY}")
 if history is not None and not none_yet(history, f"history of {ENTITY}"):
     from datetime import UTC, datetime
@@ -373,7 +377,30 @@ def render(cells: list[tuple[str, str]]) -> str:
 NOTEBOOKS = {"analytics.ipynb": ANALYTICS, "retrieval.ipynb": RETRIEVAL}
 
 
-def main() -> int:
+def execute(name: str, out_dir: Path, timeout: int = 300) -> nbformat.NotebookNode:
+    """Run a committed notebook head-less (against $TKG_STORE or the demo store) and write
+    the executed copy, outputs and all, into `out_dir`: the committed file stays as this
+    script writes it (`jupyter execute --inplace` rewrote it, and a test failed)."""
+    import nbclient
+
+    nb = nbformat.read(HERE / name, as_version=4)
+    nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(HERE)}}).execute()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, out_dir / name)
+    return nb
+
+
+def main(argv: list[str]) -> int:
+    """No argument: write the notebooks from the cells. `--execute DIR`: run them into DIR."""
+    if argv[:1] == ["--execute"] and len(argv) == 2:
+        for name in NOTEBOOKS:
+            execute(name, Path(argv[1]))
+            print(f"ran {name} into {Path(argv[1]) / name}")
+        return 0
+    if argv:
+        print("usage: make_notebooks.py [--execute OUT_DIR]", file=sys.stderr)
+        return 2
     for name, cells in NOTEBOOKS.items():
         (HERE / name).write_text(render(cells))
         print(f"wrote {HERE / name}")
@@ -381,4 +408,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -6,7 +6,6 @@ again, so `tkg build --run-id ID` after a crash resumes after the last finished 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
@@ -60,11 +59,6 @@ REJECT_OUTPUTS = tuple(p.output for p in PUBLISHES if p.table == REJECTS)
 class BuildResult:
     summary: dict[str, Any]
     snapshot: Location
-
-
-def new_run_id(now: datetime, files: list[Path]) -> str:
-    digest = hashlib.sha256("\n".join(map(str, files)).encode()).hexdigest()[:6]
-    return f"{now:%Y%m%dT%H%M%SZ}-{digest}"
 
 
 def joins_cluster(config: TkgConfig) -> bool:
@@ -320,7 +314,7 @@ def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
     store_dir = storage.location(store_dir)
     files = sources.discover(inputs, config.storage)
     started_at = store.now()
-    run_id = run_id or new_run_id(started_at, files)
+    run_id = run_id or store.new_run_id(started_at, files)
     reliability.preflight(store_dir, files, config)  # disk and permissions, before any work
     ctx = run_context(config, store_dir, run_id, files, started_at)
     seconds = run_stages(ctx)

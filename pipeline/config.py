@@ -95,6 +95,9 @@ class LimitsConfig(_Section):
     max_json_depth: int = Field(32, description="nesting levels a JSON record may have; a deeper "
                                 "one is rejected")
     reject_payload_chars: int = 1_000
+    future_days: float = Field(2, ge=0, description="days after the run's start a record's "
+                               "timestamp may lie; a later one is rejected (a year 3024 typo "
+                               "would end every fact it touches in 3024)")
     min_free_mb: int = Field(256, ge=0, description="free disk a build needs besides its data")
     free_space_per_input_byte: float = Field(
         10.0, ge=0, description="free disk needed per input byte (stage outputs + snapshot)"

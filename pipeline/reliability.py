@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import IO, TypeVar
 
 from tkg.pipeline import schema, storage, store
 from tkg.pipeline.config import StorageConfig, TkgConfig
@@ -168,6 +170,48 @@ class GcReport:
     removed_snapshots: list[str] = field(default_factory=list)
     removed_work: list[str] = field(default_factory=list)
     freed_bytes: int = 0
+    resumable: list[str] = field(default_factory=list)  # failed runs left to `--run-id`
+
+
+RUN_LOG = "tkg.log"  # a build's log, in its work dir (`tkg build` writes it)
+# A work dir with no finished stage, no live build holding its log and nothing written for
+# this long is a failed start (Ray that never came up): nothing in it to resume. (A build
+# without a log, `--verbose` or the Python API, writes `previous` when it starts and its first
+# stage's marker when that ends; no stage of the test corpora takes minutes, one of a big
+# input can take an hour.)
+STALE_S = 24 * 3600
+
+
+def hold_run_log(log_file: IO[str]) -> None:
+    """Mark a build as running for as long as its process (and the Ray processes that
+    inherit the log as stdout) keeps `log_file` open: gc leaves that work dir alone."""
+    with contextlib.suppress(OSError):
+        fcntl.flock(log_file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+
+
+def _running(work: Location) -> bool:
+    """Whether a build may be using a work dir: its log is held (`hold_run_log`), or,
+    without a log to ask (object stores keep it on the build's machine), something in it
+    changed within STALE_S."""
+    log_file = storage.join(work, RUN_LOG)
+    if not storage.is_url(work) and Path(log_file).is_file():
+        with open(log_file, "rb") as handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return False
+    stamps = [storage.stamp(f) for f in storage.list_files(work)]
+    newest = max((s[0] for s in stamps if s is not None), default=0)
+    return time.time() - newest / 1e9 < STALE_S
+
+
+def _stage_finished(work: Location) -> bool:
+    """Whether any stage of a run finished (it can be resumed with `--run-id`)."""
+    from tkg.pipeline.outputs import SUCCESS  # (imports Ray Data: not for every command)
+
+    return any(storage.name(f) == SUCCESS for f in storage.list_files(work))
 
 
 def _finished_runs(store_dir: Location) -> set[str]:
@@ -219,34 +263,64 @@ def _collect(snapshot: Location, files: set[str], folders: tuple[str, ...],
 
 
 def gc(store_dir: Location, keep: int, dry_run: bool = False) -> GcReport:
-    """Remove published snapshots except CURRENT and the newest `keep`, and the work dirs of
-    finished runs. A removed snapshot's files that a kept manifest lists (a table carried
-    into a later snapshot) stay. Snapshots that an unfinished run builds on, and unpublished
-    folders (a build may be writing them), are left alone."""
+    """Remove published snapshots except CURRENT and the `keep` newest others (`--keep 0`:
+    CURRENT alone), and work dirs: a finished run's, except the log of a run whose snapshot
+    stays; a failed start's (no stage finished, no build running it: `_running`). A failed
+    run with finished stages is left to resume (`resumable`). A removed snapshot's files
+    that a kept manifest lists (a table carried into a later snapshot) stay. Snapshots that
+    an unfinished run builds on, and unpublished folders (a build may be writing them), are
+    left alone."""
     store_dir = storage.location(store_dir)
     current = store.current_run(store_dir)
     if current is None:
         raise store.StoreError(f"{store_dir} has no CURRENT snapshot; nothing to collect")
     finished = _finished_runs(store_dir)
-    works = storage.list_dirs(storage.join(store_dir, "work"))
+    report = GcReport()
+    doomed: list[Location] = []  # failed starts
     needed = set()
-    for work in works:
-        if storage.name(work) not in finished:
-            with contextlib.suppress(FileNotFoundError):
-                needed.add(storage.read_text(storage.join(work, "previous")).strip())
+    for work in storage.list_dirs(storage.join(store_dir, "work")):
+        if storage.name(work) in finished:
+            continue
+        if not _stage_finished(work) and not _running(work):
+            doomed.append(work)
+            continue
+        if not _running(work):
+            report.resumable.append(storage.name(work))
+        with contextlib.suppress(FileNotFoundError):
+            needed.add(storage.read_text(storage.join(work, "previous")).strip())
     published = _published(store_dir)
-    newest = {storage.name(p) for p in published[:max(keep, 0)]}
-    kept = [p for p in published if storage.name(p) in newest | {current} | needed]
+    others = [storage.name(p) for p in published if storage.name(p) != current]
+    kept = [p for p in published
+            if storage.name(p) in {*others[:max(keep, 0)], current, *needed}]
     files, folders = _referenced(kept)
-    report = GcReport(kept=[storage.name(p) for p in kept])
+    report.kept = [storage.name(p) for p in kept]
     for snapshot in published:
         if snapshot not in kept:
             report.removed_snapshots.append(storage.name(snapshot))
             report.freed_bytes += _collect(snapshot, files, folders, dry_run)
-    for work in works:
-        if storage.name(work) in finished:
-            report.removed_work.append(storage.name(work))
-            report.freed_bytes += sum(n for _, n in storage.file_sizes(work))
-            if not dry_run:
-                storage.delete_dir(work)
+    logs = set(report.kept)  # runs whose log stays: their snapshot does
+    for work in storage.list_dirs(storage.join(store_dir, "work")):
+        name = storage.name(work)
+        if name in finished or work in doomed:
+            freed = _clear_work(work, RUN_LOG if name in logs else None, dry_run)
+            if freed is not None:
+                report.removed_work.append(name)
+                report.freed_bytes += freed
     return report
+
+
+def _clear_work(work: Location, keep_file: str | None, dry_run: bool) -> int | None:
+    """Remove a work dir, or all of it but `keep_file`; the bytes freed (None: nothing to
+    remove)."""
+    sized = storage.file_sizes(work)
+    gone = [(f, n) for f, n in sized if storage.relative(f, work) != keep_file]
+    if not gone:
+        return None
+    if not dry_run:
+        if len(gone) == len(sized):
+            storage.delete_dir(work)
+        else:
+            for folder in storage.list_dirs(work):
+                storage.delete_dir(folder)
+            storage.delete_files([f for f, _ in gone if storage.exists(f)])
+    return sum(n for _, n in gone)

@@ -7,6 +7,7 @@ line length, so a hostile file cannot blow up a worker's memory.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import glob
 import hashlib
@@ -14,7 +15,7 @@ import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
@@ -92,6 +93,30 @@ SUPPORTED = ("tkg reads JSON Lines (.jsonl, .ndjson) and Parquet (.parquet, .pq)
              "one episode per record")
 
 
+def skipped(inputs: list[str], storage_config: StorageConfig | None = None
+            ) -> list[Path | str]:
+    """Files inside input folders (or object-store prefixes) that a build does not read: the
+    rule is that a folder gives its JSON Lines and Parquet files and nothing else, and `tkg
+    build` names the rest in a warning (a `records.json` beside them was skipped silently).
+    Hidden files (`.DS_Store`, `.gitkeep`) are not named."""
+    readable = JSONL_SUFFIXES | PARQUET_SUFFIXES
+    found: list[Path | str] = []
+    for item in inputs:
+        if storage.is_url(item):
+            if any(c in item for c in "*?[") or storage.is_file(item, storage_config):
+                continue
+            with contextlib.suppress(OSError):
+                listed = storage.list_files(item, storage_config)
+                found += [f for f in listed
+                          if PurePosixPath(f).suffix.lower() not in readable
+                          and not PurePosixPath(f).name.startswith(".")]
+        elif Path(item).is_dir():
+            found += sorted(p for p in Path(item).rglob("*")
+                            if p.is_file() and p.suffix.lower() not in readable
+                            and not p.name.startswith("."))
+    return found
+
+
 def _supported(path: Path) -> Path:
     """A named input file of a format tkg reads; anything else (CSV, TSV, XLSX, ...) is
     refused here, before any work starts, instead of becoming one reject per line."""
@@ -134,8 +159,10 @@ def parse_timestamp(value: Any) -> tuple[datetime, bool]:
     return parsed.astimezone(UTC), False
 
 
-def to_episode(record: Any, limits: LimitsConfig) -> tuple[dict, bool]:
-    """Validate one input record and map it to an episode row (without run columns)."""
+def to_episode(record: Any, limits: LimitsConfig, now: datetime | None = None
+               ) -> tuple[dict, bool]:
+    """Validate one input record and map it to an episode row (without run columns); `now`
+    (the run's start; default: the clock) bounds its timestamp (`limits.future_days`)."""
     if not isinstance(record, dict):
         raise RecordError(f"record must be a JSON object, got {type(record).__name__}")
     group_id = record.get("group_id")
@@ -146,6 +173,10 @@ def to_episode(record: Any, limits: LimitsConfig) -> tuple[dict, bool]:
     source_id = text_field(record, "id", required=True, limit=MAX_ID_CHARS)
     kind = episode_kind(record.get("kind") or DEFAULT_KIND)
     valid_at, missing_zone = parse_timestamp(record.get("timestamp"))
+    latest = (now or datetime.now(UTC)) + timedelta(days=limits.future_days)
+    if valid_at > latest:
+        raise RecordError(f"timestamp more than {limits.future_days:g} days after the run's "
+                          f"start (limits.future_days): {valid_at.isoformat()}")
     row: dict[str, Any] = {
         "group_id": group_id,
         "source_id": source_id,
@@ -249,7 +280,7 @@ def read_file(
         try:
             if isinstance(record, RecordError):
                 raise record
-            row, missing_zone = to_episode(record, limits)
+            row, missing_zone = to_episode(record, limits, created_at)
         except RecordError as exc:
             stats.rejected += 1
             rejects.append(

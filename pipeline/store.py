@@ -22,6 +22,7 @@ this module.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
@@ -59,6 +60,13 @@ def snapshot_dir(store: Location, run_id: str) -> Location:
 
 def work_dir(store: Location, run_id: str) -> Location:
     return storage.join(store, "work", run_id)
+
+
+def new_run_id(now: datetime, files: Sequence[Location]) -> str:
+    """A run's id: its start and a digest of its inputs (`tkg build` prints it before Ray
+    starts, so it lives here, not in the runner, whose imports take seconds)."""
+    digest = hashlib.sha256("\n".join(map(str, files)).encode()).hexdigest()[:6]
+    return f"{now:%Y%m%dT%H%M%SZ}-{digest}"
 
 
 def current_run(store: Location) -> str | None:
@@ -164,6 +172,23 @@ def open_catalog(snapshot: Location) -> duckdb.DuckDBPyConnection:
                           config=_catalog_config(snapshot))
 
 
+def _entity_history(in_group: str) -> str:
+    """The body of `entity_history`: facts of the entities an alias names, where `in_group`
+    (in parentheses: else an overload's parameters would continue its ORDER BY)."""
+    return f"""(
+       WITH target AS (SELECT DISTINCT entity_id, group_id FROM entity_aliases
+                       WHERE lower(entity_aliases.alias) = lower(alias) AND {in_group})
+       SELECT f.group_id, s.name AS subject, f.relation, o.name AS object, f.fact,
+              f.valid_at, f.invalid_at, f.created_at, f.expired_at, f.version, f.edge_id,
+              f.invalidated_by
+       FROM facts f
+       JOIN target ON f.group_id = target.group_id
+                  AND target.entity_id IN (f.source_entity_id, f.target_entity_id)
+       JOIN entities s ON s.entity_id = f.source_entity_id
+       JOIN entities o ON o.entity_id = f.target_entity_id
+       ORDER BY f.valid_at NULLS FIRST, f.edge_id, f.version)"""
+
+
 CATALOG_MACROS = (
     # What the store believes now: the open version of every fact.
     "CREATE VIEW facts_current AS SELECT * FROM facts WHERE "
@@ -174,19 +199,11 @@ CATALOG_MACROS = (
     # Transaction time: every fact version the store held at t.
     "CREATE MACRO facts_known_at(t) AS TABLE SELECT * FROM facts WHERE "
     + visibility.duckdb_where("facts", known_at="t"),
-    # Every version of every fact touching an entity known under `alias`, on both timelines.
-    """CREATE MACRO entity_history(alias) AS TABLE
-       WITH target AS (SELECT DISTINCT entity_id, group_id FROM entity_aliases
-                       WHERE lower(entity_aliases.alias) = lower(alias))
-       SELECT f.group_id, s.name AS subject, f.relation, o.name AS object, f.fact,
-              f.valid_at, f.invalid_at, f.created_at, f.expired_at, f.version, f.edge_id,
-              f.invalidated_by
-       FROM facts f
-       JOIN target ON f.group_id = target.group_id
-                  AND target.entity_id IN (f.source_entity_id, f.target_entity_id)
-       JOIN entities s ON s.entity_id = f.source_entity_id
-       JOIN entities o ON o.entity_id = f.target_entity_id
-       ORDER BY f.valid_at NULLS FIRST, f.edge_id, f.version""",
+    # Every version of every fact touching an entity known under `alias`, on both timelines:
+    # in every group (an operator's view), or in one: entity_history('Berlin', 'acme').
+    "CREATE MACRO entity_history(alias) AS TABLE " + _entity_history("TRUE")
+    + ", (alias, only_group) AS TABLE "
+    + _entity_history("entity_aliases.group_id = only_group"),
 )
 
 

@@ -12,10 +12,15 @@ from tkg.pipeline import storage, store
 from tkg.pipeline.storage import Location
 
 ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"  # edge and entity ids (hashes, prefixed)
+# `episodes`: the caller's ids of the provenance episodes (their `id` field), in time order,
+# as search returns them, not the internal episode ids
 HISTORY_SQL = """
     SELECT f.edge_id, f.version, f.group_id, f.relation, f.fact, s.name AS source,
            t.name AS target, f.valid_at, f.invalid_at, f.created_at, f.expired_at,
-           f.invalidated_by, f.episode_ids
+           f.invalidated_by,
+           coalesce((SELECT list(e.source_id ORDER BY e.valid_at, e.source_id)
+                     FROM episodes e WHERE e.group_id = f.group_id
+                       AND list_contains(f.episode_ids, e.episode_id)), []) AS episodes
     FROM facts f
     LEFT JOIN entities s ON s.entity_id = f.source_entity_id AND s.group_id = f.group_id
     LEFT JOIN entities t ON t.entity_id = f.target_entity_id AND t.group_id = f.group_id

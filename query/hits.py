@@ -47,6 +47,7 @@ class CommunityHit:
 class EpisodeHit:
     episode_id: str
     source_id: str
+    speaker: str | None  # who said it (messages); None for other kinds
     content: str
     valid_at: str | None
     score: float
@@ -121,10 +122,10 @@ def hydrate(snap: Snapshot, scope: Scope, ranked: dict[str, Hits],
                      for (_, score), community in _with_rows(snap, "communities", ranked, (
                          "community_id", "name", "summary"))],
         episodes=[EpisodeHit(episode_id=episode["episode_id"], source_id=episode["source_id"],
-                             content=episode["content"] or "",
+                             speaker=episode["speaker"], content=episode["content"] or "",
                              valid_at=_iso(episode["valid_at"]), score=round(score, 6))
                   for (_, score), episode in _with_rows(snap, "episodes", ranked, (
-                      "episode_id", "source_id", "content", "valid_at"))],
+                      "episode_id", "source_id", "speaker", "content", "valid_at"))],
         run_id=snap.run_id)
 
 

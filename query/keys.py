@@ -3,7 +3,9 @@
 The keys file is JSON: `{"keys": [{"name": ..., "sha256": ..., "groups": [...]}]}`. Only
 the SHA-256 of a key is kept (keys are 32 random bytes, so a fast hash is enough: there is
 nothing to brute-force), and lookups compare digests in constant time. `tkg keys add`
-creates a key, prints it once and stores its hash.
+creates a key, prints it once and stores its hash; `tkg keys list` shows names, ids (the
+start of the hash) and groups; `tkg keys revoke` removes keys, and a running server
+(`KeyFile`) refuses them from its next request.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import hmac
 import json
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,7 +73,41 @@ def load(path: str | Path) -> tuple[ApiKey, ...]:
     return keys
 
 
-def lookup(keys: tuple[ApiKey, ...], presented: str | None) -> ApiKey | None:
+class KeyFile:
+    """A server's keys file, read again when it changes (one stat per request), so a key
+    revoked with `tkg keys revoke` stops working without a restart. Iterating gives the
+    keys (what `lookup` reads). A file that goes missing or turns malformed leaves no key
+    valid: every request is refused until it is fixed."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._stamp = self._stat()
+        self._keys = load(self.path)  # a bad file stops the server before it starts
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        return info.st_mtime_ns, info.st_size, info.st_ino
+
+    def current(self) -> tuple[ApiKey, ...]:
+        stamp = self._stat()
+        with self._lock:
+            if stamp != self._stamp:
+                try:
+                    self._keys = load(self.path)
+                except KeysError:
+                    self._keys = ()
+                self._stamp = stamp
+            return self._keys
+
+    def __iter__(self) -> Iterator[ApiKey]:
+        return iter(self.current())
+
+
+def lookup(keys: Iterable[ApiKey], presented: str | None) -> ApiKey | None:
     """The key whose hash matches `presented` (every entry is compared: constant time)."""
     if not presented:
         return None
@@ -90,7 +127,7 @@ def presented(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-api-key")
 
 
-def caller_groups(keys: tuple[ApiKey, ...], headers: Mapping[str, str]) -> frozenset[str]:
+def caller_groups(keys: Iterable[ApiKey], headers: Mapping[str, str]) -> frozenset[str]:
     """The groups the key in `headers` may read (Unauthorized without a known key)."""
     key = lookup(keys, presented(headers))
     if key is None:
@@ -122,9 +159,42 @@ def add(path: str | Path, name: str, groups: list[str]) -> str:
     entries = json.loads(path.read_text())["keys"] if path.is_file() else []
     key = PREFIX + secrets.token_urlsafe(32)
     entries.append({"name": name, "sha256": digest(key), "groups": sorted(set(groups))})
+    _write(path, entries)
+    return key
+
+
+ID_CHARS = 12  # a key's id in `tkg keys list`: the start of its hash (not of the key)
+
+
+def listed(path: str | Path) -> list[dict[str, object]]:
+    """The keys of a keys file as `tkg keys list` shows them: name, id, groups."""
+    return [{"name": k.name, "id": k.sha256[:ID_CHARS], "groups": sorted(k.groups)}
+            for k in load(path)]
+
+
+def revoke(path: str | Path, name: str | None = None, key_id: str | None = None) -> list[str]:
+    """Remove the keys named `name`, or the one whose id (`tkg keys list`) is `key_id`;
+    returns the ids removed. A server reading the file refuses them from its next request
+    (`KeyFile`)."""
+    if (name is None) == (key_id is None):
+        raise KeysError("name the key to revoke: --name NAME or --id ID (`tkg keys list`)")
+    load(path)  # a malformed file is reported, not rewritten
+    entries = json.loads(Path(path).read_text())["keys"]
+    gone = [e for e in entries if (e["name"] == name if name is not None
+                                   else str(e["sha256"]).lower().startswith(key_id.lower()))]
+    if not gone or (key_id is not None and len(gone) > 1):
+        what = f"named {name!r}" if name is not None else f"with id {key_id!r}"
+        many = " (more than one: give more of the id)" if gone else ""
+        raise KeysError(f"no single key {what} in {path}{many}; `tkg keys list --keys {path}` "
+                        "shows them")
+    _write(Path(path), [e for e in entries if e not in gone])
+    return [str(e["sha256"])[:ID_CHARS] for e in gone]
+
+
+def _write(path: Path, entries: list[dict[str, object]]) -> None:
+    """Replace the keys file at once (0600): a server never reads half of it."""
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump({"keys": entries}, handle, indent=2)
     os.replace(tmp, path)
-    return key

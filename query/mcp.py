@@ -38,7 +38,7 @@ from tkg.pipeline.config import GROUP_ID_PATTERN, QueryConfig, ServeConfig
 from tkg.query import catalog
 from tkg.query import keys as api_keys
 from tkg.query.api import Retriever
-from tkg.query.snapshot import QueryError
+from tkg.query.snapshot import QueryError, log_switches
 
 KEY_ENV = "TKG_API_KEY"
 # GROUP_ID_PATTERN as a tool's JSON schema must spell it: clients check arguments with
@@ -61,7 +61,7 @@ class Access:
     """Who may read what: the keys (None: no keys), the pinned groups (None: not pinned) and,
     over stdio, the one key the process was started with."""
 
-    keys: tuple[api_keys.ApiKey, ...] | None = None
+    keys: api_keys.KeyFile | None = None
     pinned: frozenset[str] | None = None
     process_key: str | None = None
 
@@ -142,24 +142,36 @@ def create_server(store_dir: str | Path, access: Access, limits: ServeConfig | N
         "ISO-8601; as_of: the world at that moment (valid time), known_at: what memory held "
         "then (transaction time); default now"))]
 
+    # the HTTP bodies' bounds (query/serve/routes.py: request_models)
+    Conversation = Annotated[str | None, Field(max_length=512, description=(
+        "a conversation id: search from the entities of its latest episodes"))]
+    RecipeName = Annotated[str | None, Field(max_length=64, description=(
+        "search recipe (default: the store's query.recipe)"))]
+
     @server.tool(description="Search memory: facts (with validity dates), entities, "
                              "communities and source episodes for a query.")
     async def search_memory(query: Query, ctx: Context, group_ids: Groups = None,
                             limit: Annotated[int, Field(ge=1, le=limits.max_limit)] = 10,
-                            as_of: Moment = None, known_at: Moment = None) -> dict[str, Any]:
+                            as_of: Moment = None, known_at: Moment = None,
+                            conversation_id: Conversation = None,
+                            recipe: RecipeName = None) -> dict[str, Any]:
         groups = access.groups(ctx.headers, group_ids)
-        found = await run(lambda: retriever.search(query, groups, limit=limit, as_of=as_of,
-                                                   known_at=known_at))
+        found = await run(lambda: retriever.search(
+            query, groups, limit=limit, as_of=as_of, known_at=known_at,
+            conversation_id=conversation_id, recipe=recipe))
         return found.to_dict()
 
     @server.tool(description="The memory relevant to a query as one text block for a "
                              "prompt: facts with date ranges, entities, cited episodes.")
     async def get_context(query: Query, ctx: Context, group_ids: Groups = None,
                           max_tokens: Annotated[int, Field(ge=50, le=limits.max_tokens)] = 2000,
-                          as_of: Moment = None) -> str:
+                          as_of: Moment = None, known_at: Moment = None,
+                          conversation_id: Conversation = None,
+                          recipe: RecipeName = None) -> str:
         groups = access.groups(ctx.headers, group_ids)
-        return await run(lambda: retriever.context(query, groups, max_tokens=max_tokens,
-                                                   as_of=as_of))
+        return await run(lambda: retriever.context(
+            query, groups, max_tokens=max_tokens, as_of=as_of, known_at=known_at,
+            conversation_id=conversation_id, recipe=recipe))
 
     @server.tool(description="Every version of one fact (edge_id from search_memory) on "
                              "both timelines: when it held, when memory learned and "
@@ -241,13 +253,18 @@ class RequireKey:
 def startup_access(keys_file: str | None, pinned: list[str] | None, stdio: bool) -> Access:
     """The access rule from the command line (and, over stdio, `TKG_API_KEY`); a key that
     is missing or reads none of the pinned groups stops the server before it starts."""
-    keys = api_keys.load(keys_file) if keys_file else None
+    keys = api_keys.KeyFile(keys_file) if keys_file else None
     access = Access(keys, frozenset(pinned) if pinned else None,
                     os.environ.get(KEY_ENV) if stdio else None)
     if keys is not None and stdio:
         try:
             groups = access.may_read(None)
         except api_keys.Unauthorized:
+            if access.process_key:
+                raise api_keys.KeysError(
+                    f"the key in ${KEY_ENV} is not one of {keys_file} (a wrong or revoked "
+                    f"key; `tkg keys list --keys {keys_file}` shows the keys there, `tkg "
+                    "keys add` makes one)") from None
             raise api_keys.KeysError(f"--keys over stdio needs the key in ${KEY_ENV} (set it "
                                      "in the MCP client's env for this server)") from None
         if not groups:
@@ -264,6 +281,7 @@ def serve_mcp(store_dir: str, transport: str = "stdio", host: str = "127.0.0.1",
     import sys
 
     access = startup_access(keys_file, groups, stdio=transport == "stdio")
+    log_switches("tkg mcp")  # on stderr: over stdio, stdout is the protocol's
     if transport == "stdio":
         create_server(store_dir, access, limits, query).run("stdio")
         return

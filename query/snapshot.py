@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -75,10 +76,15 @@ class SnapshotHolder(Generic[S]):
                 self._stamp = stamp
                 return False
             opened = self._open_run(path)
-            if self._current is not None:
+            before = self._current.run_id if self._current is not None else None
+            if before is not None:
                 self.switches += 1
             self._current, self._stamp = opened, stamp
-        log.info("now serving snapshot %s", opened.run_id)
+        if before is None:
+            log.info("serving snapshot %s of %s", opened.run_id, self.store)
+        else:
+            log.info("switched to snapshot %s (was %s) of %s", opened.run_id, before,
+                     self.store)
         return True
 
     def _pointer_stamp(self) -> tuple[int, ...] | None:
@@ -107,6 +113,18 @@ class SnapshotHolder(Generic[S]):
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def log_switches(server: str) -> None:
+    """The snapshot a server serves, and each switch, as a line on stderr (`tkg serve:
+    2026-11-25 10:00:00 switched to snapshot B (was A) of STORE`): without it a server said
+    nothing when it moved to a new build. Its only INFO lines; the libraries' stay quiet."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{server}: %(asctime)s %(message)s",
+                                           "%Y-%m-%d %H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
 
 
 @dataclass

@@ -220,8 +220,9 @@ def test_episodes_keep_their_content(corpus_db):
 
 
 def test_demo_build_prints_its_stages_and_a_summary(corpus_cli_build):
-    """`make demo`'s output, not verbose: one line per stage and publish, then the summary
-    (accepted line, counts table, snapshot and log paths); Ray's lines go to the log."""
+    """`make demo`'s output, not verbose: the run's id before anything else, one line per
+    stage and publish, then the summary (accepted line, counts table, snapshot and log
+    paths); Ray's lines go to the log."""
     from tkg.pipeline.stages import STAGES
 
     printed = corpus_cli_build[1]
@@ -230,7 +231,8 @@ def test_demo_build_prints_its_stages_and_a_summary(corpus_cli_build):
     for name in [stage.name for stage in STAGES] + ["publish"]:
         assert sum(line.split()[:2] == ["✓", name] for line in lines) == 1, (name, printed)
     summary_lines = lines[lines.index(next(line for line in lines if " accepted, " in line)):]
-    assert len(lines) == len(STAGES) + 1 + len(summary_lines), printed
+    assert lines[0].startswith("tkg build: run corpus-1, 3 input files into "), printed
+    assert len(lines) == 1 + len(STAGES) + 1 + len(summary_lines), printed
     assert len(summary_lines) <= 40 and summary_lines[-1].startswith("log: "), printed
 
 

@@ -68,17 +68,18 @@ def _quiet(out: str, err: str) -> None:
     assert "log: " in out
 
 
-@pytest.mark.parametrize(("name", "accepted", "tables"), [
+@pytest.mark.parametrize(("name", "accepted", "tables", "warning"), [
     ("empty.jsonl", "0 accepted, 0 rejected",
-     {"episodes": 0, "entities": 0, "facts": 0, "rejects": 0}),
+     {"episodes": 0, "entities": 0, "facts": 0, "rejects": 0}, "the input holds no record"),
     ("rejected.jsonl", "0 accepted, 3 rejected: malformed JSON (3)",
-     {"episodes": 0, "entities": 0, "facts": 0, "rejects": 3}),
+     {"episodes": 0, "entities": 0, "facts": 0, "rejects": 3}, "every record was rejected"),
 ])  # (the input with no entities is the --json build's, below: one build less)
 def test_odd_input_builds_an_ordinary_snapshot(ray_session, odd, tmp_path, capfd, name,
-                                               accepted, tables):
+                                               accepted, tables, warning):
     code, out, err = _build(capfd, odd, name, tmp_path / "store")
     assert code == 0, err
     assert accepted in out
+    assert f"tkg build: warning: {warning}" in err
     _quiet(out, err)
     counts = _tables(tmp_path / "store")
     assert {k: counts[k] for k in tables} == tables

@@ -42,7 +42,7 @@ def test_json_shape_is_exact(tiny):
     assert out["warnings"] == []
     assert all(list(f) == FACT_KEYS for f in out["facts"])
     assert all(list(e) == ["entity_id", "name", "summary", "score"] for e in out["entities"])
-    assert all(list(e) == ["episode_id", "source_id", "content", "valid_at", "score"]
+    assert all(list(e) == ["episode_id", "source_id", "speaker", "content", "valid_at", "score"]
                for e in out["episodes"])
     assert out["communities"] == []
     json.dumps(out)  # plain JSON types only

@@ -21,7 +21,7 @@ from tkg.query.serve.metrics import BoundedAndMeasured, Metrics
 from tkg.query.serve.pool import Workers
 from tkg.query.serve.routes import Service, add_routes
 from tkg.query.serve.write import add_write_routes
-from tkg.query.snapshot import SnapshotHolder
+from tkg.query.snapshot import SnapshotHolder, log_switches
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -52,7 +52,7 @@ def open_service(store_dir: str | Path, keys_file: str | Path | None, limits: Se
         snapshots = retriever.snapshots
         retriever.load_models()
     metrics.serving(snapshots.get().run_id, 0)
-    return Service(limits=limits, keys=api_keys.load(keys_file) if keys_file else None,
+    return Service(limits=limits, keys=api_keys.KeyFile(keys_file) if keys_file else None,
                    snapshots=snapshots, retriever=retriever,
                    workers=Workers(store_dir, limits, metrics, query), metrics=metrics)
 
@@ -109,6 +109,7 @@ def serve(store_dir: str, host: str = "127.0.0.1", port: int = 8080,
 
     limits = limits or ServeConfig()
     check_bind(host, keys_file)
+    log_switches("tkg serve")
     if not keys_file:
         print(f"tkg serve: no --keys, so serving on {host} (loopback) only; every group is "
               "readable by local callers")

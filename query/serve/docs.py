@@ -18,13 +18,18 @@ DESCRIPTION = """Retrieval over a tkg store: search, context, fact history, enti
 `tkg keys add --keys FILE --name NAME --group G`). A key reads its own groups only:
 naming another group is 403, with the same answer whether or not that group exists.
 
-**Groups.** `POST /search` and `POST /context` name them in the body (`group_ids`).
+**Groups.** `POST /search` and `POST /context` name them in the body (`group_ids`);
 `GET /facts/{edge_id}/history` and `GET /entities/{entity_id}` take the query parameter
-`group_id` (repeatable); with a key and no `group_id` they read every group the key may
-read, without keys `group_id` is required.
+`group_id` (repeatable). With a key and none named, each reads every group the key may
+read; without keys they must be named.
 
-    curl -H "Authorization: Bearer $KEY" "http://127.0.0.1:8080/facts/$EDGE/history?group_id=acme"
-    curl -H "X-API-Key: $KEY" "http://127.0.0.1:8080/entities/$ENTITY?group_id=acme"
+**Examples**, with `TKG_URL` the address `tkg serve` printed when it started
+(`http://127.0.0.1:PORT`, the port of its `--port`):
+
+    curl -H "Authorization: Bearer $KEY" "$TKG_URL/search" \\
+         -H "Content-Type: application/json" -d '{"query": "Where does Dana live?"}'
+    curl -H "Authorization: Bearer $KEY" "$TKG_URL/facts/$EDGE/history?group_id=acme"
+    curl -H "X-API-Key: $KEY" "$TKG_URL/entities/$ENTITY?group_id=acme"
 """
 
 

@@ -30,7 +30,7 @@ class Service:
     """What the routes share: bounds, keys, the snapshot holder, where searches run."""
 
     limits: ServeConfig
-    keys: tuple[api_keys.ApiKey, ...] | None  # None: no keys, every group readable
+    keys: api_keys.KeyFile | None  # None: no keys, every group readable
     snapshots: SnapshotHolder[Any]  # a Snapshot, or app.CatalogOnly with processes > 1
     retriever: Retriever | None  # None when retrieval runs in processes
     workers: Workers
@@ -86,7 +86,10 @@ def request_models(limits: ServeConfig) -> tuple[type[BaseModel], type[BaseModel
     class SearchRequest(BaseModel):
         model_config = ConfigDict(extra="forbid")
         query: str = Field(min_length=1, max_length=limits.max_query_chars)
-        group_ids: list[GroupId] = Field(min_length=1, max_length=limits.max_groups)
+        group_ids: list[GroupId] | None = Field(  # none: the key's groups, as in lookups
+            None, min_length=1, max_length=limits.max_groups,
+            description="groups to read; with an API key and none given, every group the "
+                        "key may read (as GET lookups and MCP tools); without keys, required")
         recipe: str | None = Field(None, max_length=64)
         limit: int | None = Field(None, ge=1, le=limits.max_limit)
         as_of: str | None = Field(None, max_length=40)
