@@ -115,6 +115,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_build_command(args: argparse.Namespace) -> int:
     """`tkg build`: its `--input`, and with `--inbox` what waits in the store's inbox."""
+    if args.ray_address:
+        os.environ["RAY_ADDRESS"] = args.ray_address  # what ray.init and joins_cluster read
     if args.inbox:
         from tkg.jobs.inbox import build_inbox
 
@@ -231,6 +233,9 @@ def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                        "/episodes, add_memory, tkg.query.add_episodes); it is built once")
     build.add_argument("--store", required=True, help="store folder")
     build.add_argument("--run-id", default=None, help="resume or name a run")
+    build.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                       help="use this running Ray (as RAY_ADDRESS) instead of starting a "
+                       "local one")
     build.add_argument("--json", action="store_true",
                        help="print one JSON object on stdout and nothing else")
     build.add_argument("--verbose", action="store_true",

@@ -23,6 +23,7 @@ from ray.data import Dataset
 from tkg.pipeline import (
     engine,
     faults,
+    local_ray,
     outputs,
     reliability,
     schema,
@@ -84,16 +85,17 @@ def _worker_pool(config: TkgConfig) -> dict[str, int] | None:
 def init_ray(config: TkgConfig) -> int:
     """Join the configured cluster, or start a local Ray; returns the CPUs available."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if not ray.is_initialized():
-        ray.init(
-            address=config.ray.address,
-            num_cpus=None if joins_cluster(config) else config.ray.num_cpus,
+    quiet = {"include_dashboard": False, "log_to_driver": False,
+             "logging_level": logging.WARNING, "configure_logging": True}
+    if ray.is_initialized():
+        pass
+    elif joins_cluster(config):
+        ray.init(address=config.ray.address, **quiet)
+    else:  # ports of its own, one retry, nothing left behind (pipeline/local_ray.py)
+        local_ray.start(
+            num_cpus=config.ray.num_cpus, _system_config=_worker_pool(config),
             object_store_memory=(int(config.ray.object_store_gb * 2**30)
-                                 if config.ray.object_store_gb and not joins_cluster(config)
-                                 else None),
-            include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-            configure_logging=True, _system_config=_worker_pool(config),
-        )
+                                 if config.ray.object_store_gb else None), **quiet)
     context = ray.data.DataContext.get_current()
     # Bars only on a terminal: written to a log file (tkg build without --verbose) they are
     # thousands of lines of carriage returns.

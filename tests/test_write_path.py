@@ -20,7 +20,8 @@ import pytest
 import yaml
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
-from tkg.pipeline import inbox, schema, store
+from tkg.jobs.inbox import BuildEvery
+from tkg.pipeline import inbox, schema, storage, store
 from tkg.query import keys as api_keys
 
 TKG = [sys.executable, "-m", "tkg.jobs.cli"]
@@ -77,12 +78,12 @@ def built_counts(store_dir: Path) -> dict[str, int]:
     return {episode: count for episode, count in rows}
 
 
-def build_and_check_once(written: dict[str, Any]) -> set[str]:
+def build_and_check_once(written: dict[str, Any], build: Any = build_inbox) -> set[str]:
     """Build the inbox: every episode that waited is in the snapshot exactly once, and
     nothing waits after."""
     expected = set(waiting_ids(written["store"]))
     assert expected
-    assert build_inbox(written) == 0
+    assert build(written) == 0
     counts = built_counts(written["store"])
     assert {e: counts.get(e, 0) for e in expected} == dict.fromkeys(expected, 1)
     assert inbox.waiting(written["store"]) == []
@@ -204,6 +205,44 @@ def test_http_writes_only_the_keys_groups_and_a_killed_server_loses_nothing(writ
     finally:
         os.kill(server.pid, signal.SIGKILL)  # right after the answers: no shutdown of any kind
         server.wait(30)
-    built = build_and_check_once(written)
+    # built the way `tkg serve --build-every N` does: `tkg build --inbox` in a process
+    every = BuildEvery(str(written["store"]), 1, str(written["config"]))
+    built = build_and_check_once(written, lambda _: every.once())
     assert {first["episode_id"], second["episode_id"]} <= built
     assert schema.stable_id("w1", "h4") not in built_counts(written["store"])
+    assert every.once() is None  # nothing waits: no build
+
+
+def test_the_inbox_on_object_storage(s3, s3_config):
+    """The same inbox under an `s3://` store (a real S3-compatible server): a part is one
+    upload, listed while it waits, claimed by a run and moved to `done/<run>/` after it."""
+    from tkg.query import add_episodes
+
+    config = s3_config.storage
+    store_url = s3.url()
+    storage.configure(config)
+    try:
+        added = add_episodes(store_url, [message("w1", "s1", "Alice moved to Porto.", 4),
+                                         {"group_id": "w1", "id": "s2"}])
+        assert added.accepted == 1 and "timestamp" in added.results[1]["reason"]
+        parts = inbox.waiting(store_url, config)
+        assert len(parts) == 1 and parts[0].startswith(f"{store_url}/inbox/waiting/")
+        line = json.loads(storage.read_text(parts[0], config))
+        assert line["id"] == "s1"
+        work = store.work_dir(store_url, "run-1")
+        assert inbox.claim(store_url, work, config) == parts
+        add_episodes(store_url, [message("w1", "s3", "later", 5)])  # arrives after the claim
+        assert inbox.claim(store_url, work, config) == parts  # a resume reads the same
+        assert inbox.mark_ingested(store_url, parts, "run-1", config) == 1
+        left = inbox.waiting(store_url, config)
+        assert len(left) == 1 and left != parts
+        assert storage.exists(f"{store_url}/inbox/done/run-1/{storage.name(parts[0])}", config)
+    finally:
+        storage.configure(None)
+
+
+def test_build_needs_an_input_or_the_inbox(tmp_path, capsys):
+    from tkg.jobs.cli import main
+
+    assert main(["build", "--store", str(tmp_path / "store")]) == 2
+    assert "--inbox" in capsys.readouterr().err
