@@ -1,20 +1,11 @@
 """`tkg bench graph` at a tiny size (one LoCoMo session, the chinook records): every figure
-it reports is there and holds what the data says; its two linguistic measures on names."""
+it reports is there and holds what the data says; its generic-noun measure on names."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.conftest import SHARED_DATA
-
-
-def test_person_name_duplicates_are_short_forms_of_one_other_name():
-    from tkg.jobs.bench.graph import person_name_duplicates
-
-    assert person_name_duplicates(["Tania Tetlow", "Tetlow", "Melanie", "Mel"]) == ["Tetlow"]
-    # "Maria" could mean two people: not a duplicate a reader would resolve
-    assert person_name_duplicates(["Maria", "Maria Lopez", "Maria Garcia", "Lopez"]) == [
-        "Lopez"]
 
 
 def test_generic_nouns_are_names_of_common_words_only(config):

@@ -26,7 +26,8 @@ common noun as often as not: a generic noun named from a sentence start ("Painti
 missed, so the share is a lower bound.
 A person-name duplicate is a person's name that is one word of exactly one other person's
 name in its group ("Tetlow" beside "Tania Tetlow" only): the short form a reader would
-resolve. Both are linguistic measures, with no word list from the data.
+resolve (`resolve.person_name_duplicates`). Both are linguistic measures, with no word list
+from the data.
 """
 
 from __future__ import annotations
@@ -148,23 +149,19 @@ def generic_share(con: Any, groups: list[str], nlp: Any) -> dict[str, Any]:
             "examples": generic[:EXAMPLES]}
 
 
-def person_name_duplicates(names: Iterable[str]) -> list[str]:
-    """The names (of one group's persons) that are one word of exactly one other name."""
-    folded = {name: name.casefold().split() for name in names}
-    return sorted(name for name, words in folded.items() if len(words) == 1 and sum(
-        words[0] in other for key, other in folded.items() if key != name) == 1)
-
-
 def person_duplicates(con: Any, groups: list[str]) -> dict[str, Any]:
-    by_group: dict[str, list[str]] = defaultdict(list)
-    for group_id, name in con.execute(
-            "SELECT group_id, name FROM entities WHERE list_contains(?, group_id) AND "
-            "list_contains(labels, 'Person') ORDER BY name", [groups]).fetchall():
-        by_group[group_id].append(name)
-    found = [f"{name} ({group})" if len(groups) > 1 else name
-             for group, names in sorted(by_group.items())
-             for name in person_name_duplicates(names)]
-    persons = sum(len(names) for names in by_group.values())
+    """`resolve.person_name_duplicates` (the one definition) over the groups' entities."""
+    import pyarrow as pa
+    from tkg.pipeline import resolve
+
+    rows = con.execute("SELECT group_id, name, labels FROM entities WHERE "
+                       "list_contains(?, group_id) ORDER BY group_id, name", [groups]).fetchall()
+    entities = pa.table({column: [row[i] for row in rows] for i, column in
+                         enumerate(("group_id", "name", "labels"))})
+    persons = sum(bool(set(labels or ()) & resolve.PERSONISH)
+                  for labels in entities["labels"].to_pylist())
+    found = [f"{name} ~ {full}" + (f" ({group})" if len(groups) > 1 else "")
+             for group, name, full in resolve.person_name_duplicates(entities)]
     return {"person_names": persons, "duplicates": len(found),
             "share": round(len(found) / persons, 4) if persons else None,
             "examples": found[:EXAMPLES]}

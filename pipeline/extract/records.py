@@ -20,6 +20,12 @@ flattening text), shared by every extractor backend. What it reads is config `re
    is an attribute of the record's entity: stored, searchable and summarized, never an
    entity. A newer version of the record replaces its attributes (resolution merges the
    attributes of one entity, later ones win).
+6. Versions: the records of one group with one key name are versions of one record, in
+   valid-time order. An edge the record itself states (its fields, not its children's)
+   ends when the first version after the last one stating it arrives: a changed field
+   whatever its name (EMAIL, a custom field, not only the exclusive relation classes), an
+   item gone from a list, a field dropped (`version_ends`, applied to the facts stage's
+   edges by `apply_version_ends`). A record's own entity is its extraction's first.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
 from tkg.pipeline import schema
-from tkg.pipeline.config import RecordsConfig, RecordSource
+from tkg.pipeline.config import FactsConfig, RecordsConfig, RecordSource
 from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
 
 RECORD_ATTRIBUTE = schema.RECORD_ATTRIBUTE  # the key name ("Employee 2"): resolution merges on it
@@ -239,3 +247,134 @@ def record_text(content: str, max_items: int = 48) -> str:
         elif node is not None and node != "":
             parts.append(f"{prefix} {node}".strip())
     return "; ".join(parts)
+
+
+# --- versions: a newer record supersedes the edges it no longer states ---------------------
+
+# One row per record version (relation null) and per edge a version states from the record
+# itself: the facts stage maps the names to entities and shuffles the rows by record.
+RECORD_STATEMENTS = pa.schema([
+    ("group_id", pa.string()), ("record", pa.string()), ("episode_id", pa.string()),
+    ("valid_at", schema.TS), ("source_normalized", pa.string()),
+    ("target_normalized", pa.string()), ("relation", pa.string()),
+])
+RESOLVED_STATEMENTS = RECORD_STATEMENTS.append(pa.field("source_entity_id", pa.string())
+                                               ).append(pa.field("target_entity_id", pa.string()))
+VERSION_ENDS = pa.schema([("edge_id", pa.string()), ("record_invalid_at", schema.TS),
+                          ("record_invalidated_by", pa.string())])
+
+
+def record_statements(extractions: pa.Table) -> pa.Table:
+    """Extractions -> RECORD_STATEMENTS rows of the keyed records among them (their first
+    entity carries RECORD_ATTRIBUTE); other extractions give none."""
+    from tkg.pipeline.resolve import normalize_name
+
+    rows = []
+    for group_id, episode_id, valid_at, entities, facts in zip(
+            *(extractions[c].to_pylist() for c in
+              ("group_id", "episode_id", "valid_at", "entities", "facts")), strict=True):
+        record = _own_key(entities)
+        if record is None:
+            continue
+        subject = entities[0]["name"]
+        base = {"group_id": group_id, "record": normalize_name(record),
+                "episode_id": episode_id, "valid_at": valid_at}
+        rows.append({**base, "source_normalized": None, "target_normalized": None,
+                     "relation": None})
+        rows += [{**base, "source_normalized": normalize_name(subject),
+                  "target_normalized": normalize_name(fact["target"] or ""),
+                  "relation": fact["relation"]}
+                 for fact in facts or () if fact["source"] == subject and fact["target"]]
+    return pa.Table.from_pylist(rows, schema=RECORD_STATEMENTS)
+
+
+def versions_only(statements: pa.Table) -> pa.Table:
+    """The version rows of statements (relation null), as RESOLVED_STATEMENTS."""
+    import pyarrow.compute as pc
+
+    return schema.conform(statements.filter(pc.is_null(statements["relation"])),
+                          RESOLVED_STATEMENTS)
+
+
+def stated_only(statements: pa.Table) -> pa.Table:
+    """The edge rows of statements (relation set), to be resolved."""
+    import pyarrow.compute as pc
+
+    return statements.filter(pc.is_valid(statements["relation"]))
+
+
+def resolved_statements(statements: pa.Table) -> pa.Table:
+    return schema.conform(statements, RESOLVED_STATEMENTS)
+
+
+def _own_key(entities: list[dict] | None) -> str | None:
+    """The key name of the record an extraction maps (its first entity's), else None."""
+    if not entities or not entities[0].get("attributes"):
+        return None
+    try:
+        value = json.loads(entities[0]["attributes"]).get(RECORD_ATTRIBUTE)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def version_ends(statements: pa.Table, config: FactsConfig) -> pa.Table:
+    """Statements (resolved: `source_entity_id`, `target_entity_id`) of whole records ->
+    VERSION_ENDS: each edge a record stated and a later version of it no longer states
+    ends at that version's valid time, caused by a new value that version states for the
+    same field (the smallest edge id), or by none when it dropped the field or the item (a
+    list's remaining items replace nothing)."""
+    from tkg.pipeline.facts import relation_class
+
+    by_record: dict[tuple[str, str], list[dict]] = {}
+    for row in statements.to_pylist():
+        by_record.setdefault((row["group_id"], row["record"]), []).append(row)
+    ends: dict[str, tuple[datetime, str | None]] = {}
+    for (group_id, _), rows in sorted(by_record.items()):
+        versions = sorted({(r["valid_at"], r["episode_id"]) for r in rows
+                           if r["valid_at"] is not None})
+        order = {episode: index for index, (_, episode) in enumerate(versions)}
+        last: dict[str, int] = {}
+        by_version: dict[tuple[int, str], list[str]] = {}
+        for row in rows:
+            source, target = row.get("source_entity_id"), row.get("target_entity_id")
+            if row["relation"] is None or source is None or target is None or (
+                    source == target or row["episode_id"] not in order):
+                continue
+            relation = relation_class(row["relation"], config)[0]
+            edge = schema.stable_id(group_id, "fact", source, target, relation)
+            index = order[row["episode_id"]]
+            last[edge] = max(last.get(edge, -1), index)
+            by_version.setdefault((index, relation), []).append(edge)
+        relations = {e: r for (_, r), edges in by_version.items() for e in edges}
+        for edge, index in last.items():
+            if index + 1 < len(versions):
+                kept = by_version.get((index, relations[edge]), [])
+                causes = [e for e in by_version.get((index + 1, relations[edge]), [])
+                          if e not in kept]
+                end = (versions[index + 1][0], min(causes) if causes else None)
+                if edge not in ends or _earlier(end, ends[edge]):
+                    ends[edge] = end
+    return pa.Table.from_pylist(
+        [{"edge_id": e, "record_invalid_at": at, "record_invalidated_by": by}
+         for e, (at, by) in sorted(ends.items())], schema=VERSION_ENDS)
+
+
+def _earlier(one: tuple[datetime, str | None], other: tuple[datetime, str | None]) -> bool:
+    return (one[0], one[1] is not None, one[1] or "") < (
+        other[0], other[1] is not None, other[1] or "")
+
+
+def apply_version_ends(edges: pa.Table) -> pa.Table:
+    """Edges joined (left) with VERSION_ENDS -> the edges, each ended by its record's newer
+    version unless it already ends earlier (`facts._end`, the one rule for two ends)."""
+    from tkg.pipeline.facts import _end
+
+    names = [n for n in edges.column_names if n not in VERSION_ENDS.names[1:]]
+    if "record_invalid_at" not in edges.column_names or edges.num_rows == 0:
+        return edges.select(names)  # no record ends joined
+    rows = edges.to_pylist()
+    for edge in rows:
+        if edge["record_invalid_at"] is not None:
+            _end(edge, edge["record_invalid_at"], edge["record_invalidated_by"])
+    return pa.Table.from_pylist(rows, schema=edges.schema).select(names)

@@ -9,6 +9,7 @@ from ray.data import Dataset
 from tkg.pipeline import adjudicate, engine, facts, schema
 from tkg.pipeline.context import RunContext, Stage
 from tkg.pipeline.datasets import empty_dataset
+from tkg.pipeline.extract import records
 from tkg.pipeline.stages.common import (
     FACT_COLUMNS,
     INTERNAL_EXTRACTIONS,
@@ -33,18 +34,41 @@ def _merged_edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset) -> Dat
     return engine.shuffle(ctx, rows, ["edge_id"], facts.merge_facts, ctx.created_at)
 
 
-def _checked(ctx: RunContext, edges: Dataset) -> Dataset:
-    """Invalidation per subject (shuffled by subject) and the optional judge for what the
-    rules left open."""
+def _checked(ctx: RunContext, edges: Dataset, ends: Dataset) -> Dataset:
+    """Invalidation per subject (shuffled by subject), the ends of record fields a newer
+    version of their record no longer states (`ends`, `_version_ends`), and the optional
+    judge for what the rules left open."""
     checked = engine.shuffle(ctx, edges, ["group_id", "source_entity_id"], facts.invalidate,
                              ctx.config.facts)
+    checked = engine.map(ctx, engine.join(ctx, checked, ends, "left_outer", ("edge_id",)),
+                         records.apply_version_ends)
     if (judge := adjudicate.build_invalidation_judge(ctx.config)) is not None:
         checked = adjudicate.judge_invalidations(ctx, checked, judge)  # what rules left open
     return checked.materialize()  # feeds the summaries and the stage output
 
 
-def _edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset) -> Dataset:
-    return _checked(ctx, _merged_edges(ctx, mentions, alias_map))
+def _edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset, ends: Dataset
+           ) -> Dataset:
+    return _checked(ctx, _merged_edges(ctx, mentions, alias_map), ends)
+
+
+RECORD_COLUMNS = ["group_id", "episode_id", "valid_at", "entities", "facts"]
+
+
+def _version_ends(ctx: RunContext, extractions: Dataset, alias_map: Dataset) -> Dataset:
+    """`records.version_ends` of every keyed record (this run's versions and earlier
+    runs'), by a shuffle per record: a version arriving tonight ends the stored edges its
+    record no longer states, as one run over everything would."""
+    statements = engine.map(ctx, all_extractions(ctx, extractions, RECORD_COLUMNS),
+                            records.record_statements).materialize()
+    stated = engine.map(ctx, statements, records.stated_only)
+    resolved = join_alias_map(join_alias_map(stated, alias_map, ctx, "source_normalized",
+                                             "source_"),
+                              alias_map, ctx, "target_normalized", "target_")
+    rows = engine.union(ctx, engine.map(ctx, statements, records.versions_only),
+                        engine.map(ctx, resolved, records.resolved_statements))
+    return engine.shuffle(ctx, rows, ["group_id", "record"], records.version_ends,
+                          ctx.config.facts).materialize()
 
 
 def _summaries(ctx: RunContext, edges: Dataset, entities: Dataset | None = None) -> Dataset:
@@ -61,7 +85,8 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     """Edges and summaries over every extraction (earlier runs' included)."""
     mentions = engine.map(ctx, all_extractions(ctx, inputs["extractions"], FACT_COLUMNS),
                           facts.fact_mentions)
-    checked = _edges(ctx, mentions, inputs["alias_map"])
+    ends = _version_ends(ctx, inputs["extractions"], inputs["alias_map"])
+    checked = _edges(ctx, mentions, inputs["alias_map"], ends)
     return _with_summaries(ctx, inputs, checked, _summaries(ctx, checked), empty_dataset())
 
 
@@ -71,8 +96,9 @@ def facts_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
     stored = previous_table(ctx, "facts", schema.MERGED_FACTS.names)
     if stored is None:
         return facts_stage(ctx, inputs)
+    ends = _version_ends(ctx, inputs["extractions"], inputs["alias_map"])
     checked, summaries, recomputed = _touched_facts(
-        ctx, inputs["extractions"], inputs["alias_map"], stored)
+        ctx, inputs["extractions"], inputs["alias_map"], stored, ends)
     return _with_summaries(ctx, inputs, checked, summaries, recomputed)
 
 
@@ -106,8 +132,8 @@ NAME_COLUMNS = ["group_id", "normalized", "entity_id"]  # a name's entity
 SIDE = "_side"  # which input a row of a tagged union comes from: "old" (stored) or "new"
 
 
-def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Dataset
-                   ) -> tuple[Dataset, Dataset, Dataset]:
+def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Dataset,
+                   ends: Dataset) -> tuple[Dataset, Dataset, Dataset]:
     """Edges and summaries where a later run changed something; everything else is the
     previous snapshot's. Invalidation and merging look at one subject's edges only.
 
@@ -139,9 +165,10 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
     stored_before = engine.total(engine.map(ctx, stored_names, in_set("entity_id", rebuilt)),
                                  len) > 0
     edges = [_rebuilt_edges(ctx, new_mentions, alias_map,
-                            _names_of(ctx, alias_map, rebuilt), stored_before),
+                            _names_of(ctx, alias_map, rebuilt), stored_before, ends),
              _combined_edges(ctx, new_mentions, alias_map, _names_of(ctx, alias_map, plain),
-                             engine.map(ctx, open_edges, in_set("source_entity_id", plain)))]
+                             engine.map(ctx, open_edges, in_set("source_entity_id", plain)),
+                             ends)]
     emitted = engine.union(ctx, *edges).materialize()
     dropped = engine.map(ctx, open_edges, in_set("source_entity_id", rebuilt))
     touched = _touched_entities(ctx, changed, emitted, dropped)
@@ -211,7 +238,7 @@ def _distinct_entities(block: pa.Table) -> pa.Table:
 
 
 def _rebuilt_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
-                   names: set[str], stored_before: bool) -> Dataset:
+                   names: set[str], stored_before: bool, ends: Dataset) -> Dataset:
     """The edges of subjects named `names`, from every mention with them as subject: this
     run's and, when one of them was `stored_before`, earlier runs'."""
     mentions = engine.map(ctx, new_mentions, in_set("source_normalized", names,
@@ -222,11 +249,11 @@ def _rebuilt_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
                      facts.fact_mentions)
         mentions = engine.union(ctx, mentions, engine.map(
             ctx, old, in_set("source_normalized", names, group_column="group_id")))
-    return _edges(ctx, mentions.materialize(), alias_map)
+    return _edges(ctx, mentions.materialize(), alias_map, ends)
 
 
 def _combined_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
-                    names: set[str], stored: Dataset) -> Dataset:
+                    names: set[str], stored: Dataset, ends: Dataset) -> Dataset:
     """Tonight's edges of subjects named `names` combined with their `stored` open edges,
     invalidated again; only the new and changed ones. Both combinations are shuffles of the
     stored and tonight's edges tagged by side (by subject, then by edge): a subject's
@@ -239,7 +266,7 @@ def _combined_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
     before = engine.map(ctx, stored, _tagged, "old").materialize()
     combined = engine.shuffle(ctx, engine.union(ctx, before, engine.map(
         ctx, tonight, _tagged, "new")), ["group_id", "source_entity_id"], _combine_sides)
-    checked = engine.map(ctx, _checked(ctx, combined), _tagged, "new")
+    checked = engine.map(ctx, _checked(ctx, combined, ends), _tagged, "new")
     return engine.shuffle(ctx, engine.union(ctx, before, checked), ["edge_id"],
                           _changed_sides)
 
