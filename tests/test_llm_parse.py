@@ -266,7 +266,8 @@ def test_the_extraction_prompt_names_the_relation_classes(acme):
     from tkg.pipeline.config import FactsConfig
 
     system = extraction_request(acme[6], CONTEXT).messages[0]["content"]
-    assert '\n  - WORKS_AT (employment): "I work at the company"' in system
+    assert ('\n  - WORKS_AT (employment; to Organization; one at a time): "I work at the '
+            'company"') in system
     assert '\n  - LEFT (ending): "I left the company"' in system
     renamed = FactsConfig().model_copy(update={"relation_classes": ()})
     assert "WORKS_AT (employment)" not in extraction_request(

@@ -29,7 +29,8 @@ class LlmExtractor:
         results, texts = mapped_extractions(episodes, self.config.extract.record_fact_depth,
                                             self.config.records)
         context = self.config.extract.context_messages
-        requests = [extraction_request(episodes[i], context, self.config.facts) for i in texts]
+        requests = [extraction_request(episodes[i], context, self.config.facts,
+                                       self.config.ontology) for i in texts]
         outcomes = complete_parsed(
             self.llm, requests, lambda k, text: parse_extraction(text, episodes[texts[k]]),
             kind="extract")

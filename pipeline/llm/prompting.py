@@ -15,11 +15,12 @@ from importlib import resources
 from string import Template
 
 import yaml
-from tkg.pipeline.config import FactsConfig
+from tkg.pipeline.config import EntityType, FactsConfig, OntologyConfig, RelationClass
 from tkg.pipeline.episode_kinds import prompt_header
 from tkg.pipeline.extract.base import EpisodeInput, Extraction
 from tkg.pipeline.llm.base import ChatRequest
 from tkg.pipeline.llm.schemas import EXTRACTION_SCHEMA
+from tkg.pipeline.ontology import entity_types
 
 PACKAGE = "tkg.pipeline.llm.prompts"
 MAX_RAW_ECHO = 4000  # characters of a bad answer echoed back in the retry
@@ -61,13 +62,32 @@ def prompt_set_version() -> str:
 
 
 def relation_guide(facts: FactsConfig) -> str:
-    """The relation classes as the extraction prompt lists them: the LLM groups wordings by
-    meaning itself ("accepted an offer from" is WORKS_AT), as `RelationClassifier` does for
-    spaCy's phrases, from the same classes and prototype sentences."""
+    """The relation classes (the ontology's relation types among them) as the extraction
+    prompt lists them: the LLM groups wordings by meaning itself ("accepted an offer from" is
+    WORKS_AT), as `RelationClassifier` does for spaCy's phrases, from the same classes and
+    prototype sentences, with the types each end may have and whether it holds one value at
+    a time (what decides invalidation)."""
     lines = []
-    for cls in (*facts.relation_classes, facts.ending):
+    classes: tuple[RelationClass, ...] = (*facts.relation_classes, facts.ending)
+    for cls in classes:
         examples = "; ".join(f'"{p}"' for p in cls.prototypes[:3])
-        lines.append(f"  - {cls.relation} ({cls.name})" + (f": {examples}" if examples else ""))
+        ends = [f"{role} {' or '.join(types)}" for role, types in (
+            ("from", cls.source_types), ("to", cls.target_types)) if types]
+        notes = [cls.description, *ends] + (["one at a time"] if cls.exclusive and cls is not
+                                           facts.ending else [])
+        lines.append(f"  - {cls.relation} ({cls.name}" + "".join(f"; {n}" for n in notes if n)
+                     + ")" + (f": {examples}" if examples else ""))
+    return "\n".join(lines)
+
+
+def entity_guide(ontology: OntologyConfig) -> str:
+    """The entity types as the extraction prompt lists them: name, description, attributes."""
+    lines = []
+    declared: tuple[EntityType, ...] = entity_types(ontology)
+    for entity_type in declared:
+        attributes = (f" (attributes: {', '.join(entity_type.attributes)})"
+                      if entity_type.attributes else "")
+        lines.append(f"  - {entity_type.name}: {entity_type.description}{attributes}")
     return "\n".join(lines)
 
 
@@ -83,12 +103,15 @@ def _episode_values(episode: EpisodeInput, context_messages: int) -> dict[str, s
 
 
 def extraction_request(episode: EpisodeInput, context_messages: int,
-                       facts: FactsConfig | None = None) -> ChatRequest:
+                       facts: FactsConfig | None = None,
+                       ontology: OntologyConfig | None = None) -> ChatRequest:
     """The one call per episode: entities and facts together, under the output schema, with
     the last `context_messages` (extract.context_messages) messages as context and the
-    relation classes of `facts` (the configured defaults when None) named in the prompt."""
+    relation classes of `facts` and entity types of `ontology` (the configured defaults
+    when None) named in the prompt."""
     values = _episode_values(episode, context_messages)
     values["relations"] = relation_guide(facts or FactsConfig())
+    values["entity_types"] = entity_guide(ontology or OntologyConfig())
     messages = load_prompt("extract").messages(**values)
     return ChatRequest(messages=messages, schema=EXTRACTION_SCHEMA, schema_name="extraction")
 

@@ -69,7 +69,7 @@ def preprocess_row(row: dict[str, Any], config: TkgConfig) -> dict[str, Any]:
     """Episode row -> chat messages and sampling params; a row with `retry_error` asks again
     with its previous answer and the error (the one retry)."""
     request = extraction_request(EpisodeInput.of(row), config.extract.context_messages,
-                                 config.facts)
+                                 config.facts, config.ontology)
     if row.get("retry_error"):
         request = retry_request(request, row.get("raw_output"), row["retry_error"])
     return {"messages": [dict(m) for m in request.messages],
