@@ -263,6 +263,25 @@ PINNED_IDS = [  # (query, parameters, id): uuid5 values any rebuild must reprodu
 ]
 
 
+@pytest.fixture(scope="module")
+def corpus_on_ray_data(ray_session, config, tmp_path_factory):
+    """The sample corpus built again entirely on Ray Data and actor pools (`ray.driver_mb`
+    and `ray.driver_rows` 0): every shuffle, join, map, extraction and embedding there."""
+    from tests.paths import on_ray_data
+
+    folder = tmp_path_factory.mktemp("corpus-ray-data")
+    return build(on_ray_data(config), [str(CORPUS)], folder / "store", run_id="corpus-1")
+
+
+def test_both_paths_publish_the_same_tables(corpus_build, corpus_on_ray_data):
+    """The driver path (the corpus fits it) and Ray Data give one answer: every published
+    table's rows, ids, versions, communities and summaries (tests/paths.py)."""
+    from tests.paths import differences
+
+    assert corpus_on_ray_data.summary["communities"] == corpus_build.summary["communities"]
+    assert differences(corpus_build.snapshot, corpus_on_ray_data.snapshot) == {}
+
+
 def test_ids_are_the_pinned_ones(corpus_db):
     """Ids are a function of (group, canonical name), (group, source id) and (group,
     source, target, relation): every rebuild gives these same values (the incremental test

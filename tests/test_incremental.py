@@ -49,15 +49,15 @@ def _write(folder: Path, records: tuple[dict, ...]) -> str:
 @pytest.fixture(scope="module")
 def runs(ray_session, config, tmp_path_factory) -> tuple[list[BuildResult], BuildResult]:
     """The four runs into one store, and one run over every distinct episode. The runs over
-    parts extract and embed on the driver (a few rows each), the run over everything on
-    actor pools, so the two paths are held to the same answers too."""
+    parts run in the driver (a few rows each), the run over everything entirely on Ray Data
+    and actor pools, so the two paths are held to the same answers too."""
+    from tests.paths import on_ray_data
+
     root = tmp_path_factory.mktemp("incremental")
     parts = [build(config, [_write(root / f"in{i}", records)], root / "store",
                    run_id=f"run-{i}") for i, records in enumerate(RUNS, start=1)]
     everything = tuple({r["id"]: r for records in RUNS for r in records}.values())
-    on_actors = config.model_copy(update={
-        "ray": config.ray.model_copy(update={"driver_rows": 0})})
-    whole = build(on_actors, [_write(root / "all", everything)], root / "whole",
+    whole = build(on_ray_data(config), [_write(root / "all", everything)], root / "whole",
                   run_id="whole")
     return parts, whole
 
@@ -168,18 +168,23 @@ def test_unchanged_texts_keep_their_vectors(runs):
 def test_a_later_run_on_ray_data_gathers_only_what_the_night_touched(
         runs, config, tmp_path, monkeypatch):
     """Run 4 again over a copy of the store as run 3 left it, with every step on Ray Data
-    (`ray.driver_mb` 0): the same tables as run 4 in the driver. The facts stage brings no
-    edge into the driver and no more names or entities than the night mentions, fewer than
-    the store's aliases: the alias maps and stored edges stay datasets."""
+    and actor pools (`ray.driver_mb`, `ray.driver_rows` 0): the same published tables as
+    run 4 in the driver. The facts stage brings no edge into the driver and no more names
+    or entities than the night mentions, fewer than the store's aliases: the alias maps and
+    stored edges stay datasets."""
     import shutil
     import sys
 
     from tkg.pipeline import engine
 
+    from tests.paths import differences, on_ray_data
+
     parts, _ = runs
     store_dir = tmp_path / "store"
     shutil.copytree(parts[-1].summary["store"], store_dir)
     (store_dir / "CURRENT").write_text("run-3")
+    for run_4 in (store_dir / "work" / "run-4", store_dir / "snapshots" / "run-4"):
+        shutil.rmtree(run_4)  # run 4 again under its own id: its rows carry it
     gathered: list[pa.Table] = []
     gather = engine.gather
 
@@ -190,9 +195,9 @@ def test_a_later_run_on_ray_data_gathers_only_what_the_night_touched(
         return table
 
     monkeypatch.setattr(engine, "gather", recorded)
-    on_ray_data = config.model_copy(update={
-        "ray": config.ray.model_copy(update={"driver_mb": 0})})
-    again = build(on_ray_data, [_write(tmp_path / "in", RUNS[-1])], store_dir, run_id="again")
+    again = build(on_ray_data(config), [_write(tmp_path / "in", RUNS[-1])], store_dir,
+                  run_id="run-4")
+    assert differences(parts[-1].snapshot, again.snapshot) == {}
     for sql in ("SELECT entity_id, name, summary FROM entities",
                 "SELECT alias, entity_id, merged_entity_id FROM entity_aliases",
                 "SELECT edge_id, version, relation, fact, valid_at, invalid_at, "

@@ -44,11 +44,11 @@ def odd(tmp_path_factory) -> Path:
     return folder
 
 
-def _build(capfd, odd: Path, name: str, store: Path) -> tuple[int, str, str]:
+def _build(capfd, odd: Path, name: str, store: Path, *run_id: str) -> tuple[int, str, str]:
     from tkg.jobs.cli import main
 
     code = main(["build", "--config", str(odd / "config.yaml"), "--input", str(odd / name),
-                 "--store", str(store)])
+                 "--store", str(store), *(("--run-id", *run_id) if run_id else ())])
     out, err = capfd.readouterr()
     return code, out, err
 
@@ -87,19 +87,31 @@ def test_odd_input_builds_an_ordinary_snapshot(ray_session, odd, tmp_path, capfd
 
 def test_incremental_run_with_no_new_facts(ray_session, odd, tmp_path, capfd):
     """The smallest input that sends an empty block into the versions shuffle: the store
-    holds one fact (a group of one episode), the new run's only record yields none."""
+    holds one fact (a group of one episode), the new run's only record yields none. The
+    two runs again entirely on Ray Data and actor pools publish the same tables."""
+    from tkg.pipeline import store as stores
+    from tkg.pipeline.build import build
+    from tkg.pipeline.config import load_config
+
+    from tests.paths import differences, on_ray_data
+
     store = tmp_path / "store"
-    code, out, err = _build(capfd, odd, "one_fact.jsonl", store)
+    code, out, err = _build(capfd, odd, "one_fact.jsonl", store, "run-1")
     assert code == 0, err
     first = _tables(store)
     assert first["episodes"] == 1 and first["facts"] == 1
-    code, out, err = _build(capfd, odd, "no_facts.jsonl", store)
+    code, out, err = _build(capfd, odd, "no_facts.jsonl", store, "run-2")
     assert code == 0, err
     assert "1 accepted, 0 rejected" in out
     _quiet(out, err)
     second = _tables(store)
     assert second["episodes"] == 2
     assert second["facts"] == second["facts_current"] == 1  # kept, not versioned again
+
+    on_ray = on_ray_data(load_config(odd / "config.yaml"))
+    for run_id, name in (("run-1", "one_fact.jsonl"), ("run-2", "no_facts.jsonl")):
+        night = build(on_ray, [str(odd / name)], tmp_path / "on-ray-data", run_id=run_id)
+    assert differences(stores.current_snapshot(store), night.snapshot) == {}
 
 
 def test_build_json_prints_exactly_one_object(odd, tmp_path):
