@@ -115,7 +115,7 @@ def fact_mentions(extractions: pa.Table) -> pa.Table:
         for fact in facts or ():
             source, target = (normal.get(n) or normal.setdefault(n, normalize_name(n))
                               for n in (fact["source"] or "", fact["target"] or ""))
-            if not source or not target or source == target:
+            if not source or not target:  # source == target: a fact about one entity
                 continue
             rows.append({
                 "group_id": group_id, "episode_id": episode_id, "source_normalized": source,
@@ -129,11 +129,12 @@ def fact_mentions(extractions: pa.Table) -> pa.Table:
 
 def fact_rows(mentions: pa.Table, config: FactsConfig) -> pa.Table:
     """Fact mentions whose endpoints carry entity ids -> rows with an edge id. Self-loops
-    (both ends resolved to one entity) are dropped."""
+    that resolution made (two names of one entity: "Bob is Robert Kim") are dropped; a fact
+    said of one entity (one name at both ends: "Ana creates a daily schedule") stays."""
     rows = []
     for row in mentions.to_pylist():
         source, target = row["source_entity_id"], row["target_entity_id"]
-        if source == target:
+        if source == target and row.get("source_normalized") != row.get("target_normalized"):
             continue
         relation, _, _ = relation_class(row["relation"], config)
         rows.append({

@@ -94,7 +94,7 @@ def test_a_move_ends_what_was_said_about_the_old_place(extractor):
         (day(6), "I moved to Paris."),
     ])
     assert only(edges, "LIVES_IN", "Berlin")["invalid_at"] == day(6)
-    assert only(edges, "RUN_FROM", "Berlin")["invalid_at"] == day(6)
+    assert only(edges, "RUN_DEMO_FROM", "Berlin")["invalid_at"] == day(6)
     assert only(edges, "LIVES_IN", "Paris")["invalid_at"] is None
 
 

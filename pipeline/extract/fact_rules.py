@@ -8,7 +8,8 @@ name of whoever spoke last before them, and the verb agrees ("I am" -> "Ana is",
 complement, the verb's adverbs, purposes and dates) and leaves out the sentence's other
 claims (other objects with their own facts, coordinated clauses, greetings, vocatives).
 A clause whose verb has no object still states something ("Fitness goals have been hard to
-reach"): it becomes one fact about its speaker and its topic noun (`topic`).
+reach"): it becomes one fact of its speaker about its topic noun (`topic`). Which entities a
+fact joins (a kind of thing is none) the extractor decides (`SpacyExtractor._anchored`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from tkg.pipeline.extract.entity_rules import GREETINGS
 
 if TYPE_CHECKING:
     from spacy.tokens import Doc, Token
@@ -36,13 +39,16 @@ NOT_CLAIM_DEPS = {"intj", "discourse", "cc", "punct", "dep", "meta", "preconj", 
                   "parataxis", "appos"}
 # A verb's dependents that are claims of their own (a fact's text keeps them only when
 # they hold its object).
+DIRECT_DEPS = {"dobj", "dative", "attr", "oprd"}
 OWN_CLAIM_DEPS = {"prep", "agent", "dobj", "dative", "attr", "oprd", "pobj"}
+# Words that open a sentence by linking it to the one before ("So I'm ...", "Plus, ...").
+OPENERS = {"so", "plus", "anyway", "also", "and", "but", "then", "btw", "actually"}
+LIST_MARKS = {",", ";", "(", ")", "[", "]"}  # where a noun's own phrase ends
 FINITE_TAGS = {"VBD", "VBZ", "VBP", "MD"}
 MAX_FACT_TOKENS = 40  # past this a text is cut back to the claim's core (subject, verb, object)
-GREETING_WORDS = {"hi", "hello", "hey", "heya", "hiya", "thanks", "thank", "thx", "dear",
-                  "morning", "evening", "bye", "cheers", "congrats", "congratulations",
-                  "welcome", "yo", "wow", "oh", "well", "yes", "yeah", "yep", "no", "nope",
-                  "ok", "okay", "sorry", "aw", "aww", "hmm", "ah", "haha", "omg"}
+# Words that open a message without stating anything: greetings and fillers.
+GREETING_WORDS = GREETINGS | {"wow", "well", "yes", "yeah", "yep", "no", "nope", "aw", "aww",
+                              "hmm", "ah", "haha", "omg"}
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,21 @@ def misparsed_conjunct(verb: Token) -> bool:
         "VBD", "VBN", "VBZ", "VBP", "VBG")
 
 
+def unstated(verb: Token) -> bool:
+    """A verb that states nothing: in a condition ("if you ever want to come") or inside
+    brackets (an aside such as "[shares a photo of ...]")."""
+    node = verb
+    for _ in range(len(verb.doc)):  # up to the root
+        if any(c.dep_ == "mark" and c.lower_ in ("if", "unless", "whether")
+               for c in node.children):
+            return True
+        if node.head.i == node.i:
+            break
+        node = node.head
+    before = verb.doc[verb.sent.start : verb.i].text
+    return before.count("[") > before.count("]")
+
+
 def claim_head(verb: Token) -> Token:
     """The verb that heads `verb`'s claim: up through open complements and purposes
     ("started working at", "plan to move to"), not through coordination."""
@@ -117,9 +138,13 @@ def claim_indices(head: Token) -> list[int]:
 
 
 def _own_clause(child: Token) -> bool:
-    """A coordinated clause with a subject of its own ("..., and it was great")."""
-    return child.dep_ in ("conj", "parataxis") and child.pos_ in ("VERB", "AUX") and any(
-        c.dep_ in ("nsubj", "nsubjpass") for c in child.children)
+    """A coordinated clause with a subject of its own ("..., and it was great"), a clause
+    set beside it ("..., call me") or a condition ("if you want to come")."""
+    return child.dep_ == "parataxis" or (
+        child.dep_ == "conj" and child.pos_ in ("VERB", "AUX")
+        and any(c.dep_ in ("nsubj", "nsubjpass") for c in child.children)) or (
+        child.dep_ == "advcl" and any(c.dep_ == "mark" and c.lower_ in ("if", "unless")
+                                      for c in child.children))
 
 
 def _aside(child: Token) -> bool:
@@ -136,6 +161,8 @@ def fact_indices(verb: Token, subject: Token, target: Token, others: Iterable[in
     and the object's own phrase with its complement ("a fun way to express ...")."""
     other = set(others)
     keep = set(phrase(subject))
+    direct = any(c.dep_ in DIRECT_DEPS and target.i in {t.i for t in c.subtree}
+                 for c in verb.children)
     head = verb  # a subject shared from a governing verb ("began working at") keeps it
     while True:
         keep.add(head.i)
@@ -147,8 +174,10 @@ def fact_indices(verb: Token, subject: Token, target: Token, others: Iterable[in
             subtree = {t.i for t in child.subtree}
             if target.i in subtree:
                 continue  # the path below adds it
-            if subtree & other or (child.dep_ in OWN_CLAIM_DEPS and head.i != verb.i):
+            if head.i != verb.i and child.dep_ in OWN_CLAIM_DEPS - DIRECT_DEPS:
                 continue
+            if subtree & other and not (child.dep_ in DIRECT_DEPS and not direct):
+                continue  # another object's own fact (a direct object completes the verb)
             if child.dep_ == "npadvmod" and child.pos_ == "PROPN":
                 continue  # a vocative
             keep.update(subtree)
@@ -165,7 +194,8 @@ def fact_indices(verb: Token, subject: Token, target: Token, others: Iterable[in
                         if c.dep_ in ("det", "poss", "amod", "compound", "nummod", "case",
                                       "quantmod", "nmod", "neg", "aux", "auxpass", "prt")
                         for t in c.subtree)
-        listed = node.dep_ == "conj"  # a list's other items stay out ("A, B and C")
+        listed = node.dep_ == "conj" or (  # a list's other items stay out ("A, B and C")
+            node.dep_ == "appos" and node.pos_ == "PROPN" and node.head.pos_ == "PROPN")
         node = node.head
         while listed and node.dep_ == "conj" and node.head.i != node.i:
             node = node.head
@@ -193,20 +223,31 @@ def phrase(token: Token, complements: bool = True) -> list[int]:
     """A noun's own phrase: its subtree without its conjuncts and their coordinator, cut at
     a comma (a list of names is several objects), with its complement ("a way to relax",
     "the car shop I opened") unless `complements` is False."""
-    skip_deps = {"conj", "cc", "punct"} | (set() if complements else {"relcl", "acl"})
-    skip = {t.i for c in token.children if c.dep_ in skip_deps for t in c.subtree}
+    skip_deps = {"conj", "cc"} | (set() if complements else {"relcl", "acl"})
+    skip = {t.i for c in token.children if c.dep_ in skip_deps or (
+        c.dep_ == "punct" and c.text in LIST_MARKS) for t in c.subtree}
     kept = [t.i for t in token.subtree if t.i not in skip]
     doc = token.doc
     run = [token.i]  # the contiguous run around the token, no comma inside
     kept_set = set(kept)
     low = token.i
-    while low - 1 in kept_set and doc[low - 1].text != ",":
+    while low - 1 in kept_set and doc[low - 1].text not in LIST_MARKS:
         low -= 1
     high = token.i
-    while high + 1 in kept_set and doc[high + 1].text != ",":
+    while high + 1 in kept_set and doc[high + 1].text not in LIST_MARKS:
         high += 1
     run = list(range(low, high + 1))
     return [i for i in run if i in kept_set]
+
+
+def object_words(token: Token, limit: int = 4) -> tuple[str, ...]:
+    """The lemmas that say what an object is ("a fun way" -> fun, way; "a lot of things"
+    -> lot, of, thing), without determiners and owners, at most `limit`."""
+    doc = token.doc
+    words = [doc[i].lemma_.lower() for i in phrase(token, complements=False)
+             if doc[i].dep_ not in ("det", "poss", "case", "predet") and not doc[i].is_punct
+             and doc[i].pos_ != "PRON"]
+    return tuple(words[:limit])
 
 
 def topic(head: Token, indices: Sequence[int], exclude: Iterable[int]) -> Token | None:
@@ -224,15 +265,16 @@ def topic(head: Token, indices: Sequence[int], exclude: Iterable[int]) -> Token 
     return (named or subjects or nouns)[0]
 
 
-def render(doc: Doc, indices: Sequence[int], voices: Voices, subject_is_speaker: bool) -> str:
+def render(doc: Doc, indices: Sequence[int], voices: Voices, subject: str | None) -> str:
     """The tokens as one sentence in the third person (the module's rules), capitalized,
-    ending in a full stop."""
+    ending in a full stop. `subject` is the person the sentence's subject is, when it is
+    the speaker or the addressee: their own things are "their" ("Ana sold their car")."""
     words: list[str] = []
     previous: int | None = None
     agree_next = False
     for index in indices:
         token = doc[index]
-        text = _person(token, voices, subject_is_speaker)
+        text = _person(token, voices, subject)
         replaced = text != token.text
         if agree_next and token.pos_ in ("AUX", "VERB") and token.dep_ != "nsubj":
             third = _third_person(token)
@@ -241,9 +283,11 @@ def render(doc: Doc, indices: Sequence[int], voices: Voices, subject_is_speaker:
             agree_next = False
         elif agree_next and token.pos_ not in ("ADV", "PART"):
             agree_next = False
-        if (token.lower_ in ("i", "we") and voices.speaker) or (
-                token.lower_ == "you" and voices.addressee and token.dep_ in ("nsubj",)):
-            agree_next = token.dep_ in ("nsubj", "nsubjpass")
+        if _subject_word(token) and (
+                (token.lower_ in ("i", "we") and voices.speaker)
+                or (token.lower_ == "you" and voices.addressee)
+                or token.tag_ in ("NN", "NNP")):  # "Max and I love" -> "Max loves"
+            agree_next = True
         spaced = words and (previous is None or index != previous + 1
                             or bool(doc[previous].whitespace_)
                             or (replaced and token.text.startswith("'")))
@@ -256,21 +300,27 @@ def render(doc: Doc, indices: Sequence[int], voices: Voices, subject_is_speaker:
     return sentence if sentence.endswith((".", "!", "?")) else f"{sentence}."
 
 
-def _person(token: Token, voices: Voices, subject_is_speaker: bool) -> str:
+def _subject_word(token: Token) -> bool:
+    """The head word of a subject, or of one of its conjuncts."""
+    return token.dep_ in ("nsubj", "nsubjpass") or (
+        token.dep_ == "conj" and token.head.dep_ in ("nsubj", "nsubjpass"))
+
+
+def _person(token: Token, voices: Voices, subject: str | None) -> str:
     lower = token.lower_
     speaker, addressee = voices.speaker, voices.addressee
     if speaker:
         if lower in SPEAKER_SUBJECTS or lower in SPEAKER_OBJECTS:
             return speaker
         if lower in SPEAKER_POSSESSIVES:
-            return "their" if subject_is_speaker and lower in ("my", "our") else f"{speaker}'s"
+            return "their" if subject == speaker and lower in ("my", "our") else f"{speaker}'s"
         if lower in SPEAKER_REFLEXIVES:
-            return "themselves" if subject_is_speaker else speaker
+            return "themselves" if subject == speaker else speaker
     if addressee:
         if lower in ADDRESSEE:
-            return addressee
+            return "themselves" if subject == addressee and lower != "you" else addressee
         if lower in ADDRESSEE_POSSESSIVES:
-            return f"{addressee}'s"
+            return "their" if subject == addressee and lower == "your" else f"{addressee}'s"
     return token.text
 
 
@@ -292,8 +342,11 @@ def _third_person(token: Token) -> str:
 
 def _trimmed(doc: Doc, indices: list[int]) -> list[int]:
     """Without leading and trailing punctuation, coordinators and greeting words."""
-    while indices and (doc[indices[0]].is_punct or doc[indices[0]].dep_ in ("cc", "intj")
-                       or doc[indices[0]].lower_ in GREETING_WORDS - {"no"}):
+    while indices and (doc[indices[0]].is_punct or doc[indices[0]].dep_ in ("cc", "intj", "mark")
+                       or (doc[indices[0]].tag_ == "WRB" and len(indices) > 1)
+                       or doc[indices[0]].lower_ in GREETING_WORDS - {"no"}
+                       or (doc[indices[0]].lower_ in OPENERS and len(indices) > 1
+                           and doc[indices[0]].head.i != indices[1])):
         indices = indices[1:]
     while indices and (doc[indices[-1]].is_punct or doc[indices[-1]].dep_ == "cc"):
         indices = indices[:-1]
