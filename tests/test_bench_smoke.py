@@ -107,3 +107,16 @@ def test_bench_incremental(ray_session, config_file, capfd):
     assert figures["full_seconds"] > 0 and figures["incremental_seconds"] > 0
     assert figures["rows_written"] > 0 and figures["rows_read"] > 0
     assert figures["facts_current"] <= figures["facts"]
+
+
+def test_bench_scale(ray_session, config_file, capfd):
+    """Both paths at a tiny size, synthetic models: the same graph, figures per stage."""
+    figures = _bench(capfd, "scale", "--episodes", "60", "--config", config_file)
+    assert set(figures["paths"]) == {"driver", "ray_data"}
+    driver, ray_data = figures["paths"]["driver"], figures["paths"]["ray_data"]
+    for key in ("entities", "facts", "communities"):
+        assert driver[key] == ray_data[key] > 0, key
+    for run in (driver, ray_data):
+        assert run["peak_driver_rss_mb"] > 0 and run["spilled_mb"] >= 0
+        assert run["stages"]["extract"]["in"] == 60 and run["stages"]["facts"]["out"] > 0
+    assert ray_data["peak_worker_rss_mb"] > 0  # actor pools and Ray Data tasks ran

@@ -19,6 +19,7 @@ BENCHES = {
     "communities": ("communities", "label propagation, planted partition"),
     "serve": ("serve", "HTTP load on a synthetic store, publish mid-run"),
     "incremental": ("incremental", "a full build, then a small newer run into it"),
+    "scale": ("scale", "synthetic episodes on both paths: stages, rows, memory, spill"),
     "graph": ("graph", "graph quality (../shared/data): LoCoMo observations, chinook "
               "records, generic nouns, person duplicates"),
 }

@@ -13,6 +13,8 @@ from tkg.pipeline.registry import Registry
 EXTRACTORS: Registry[Extractor] = Registry("extractor")
 EXTRACTORS.register("spacy", "tkg.pipeline.extract.spacy_extractor:SpacyExtractor")
 EXTRACTORS.register("llm", "tkg.pipeline.extract.llm:LlmExtractor")
+# `tkg bench scale`: a regex, so the benchmark times every stage but the models
+EXTRACTORS.register("synthetic", "tkg.pipeline.synthetic_extract:SyntheticExtractor")
 
 __all__ = ["EXTRACTORS", "EpisodeInput", "Extraction", "Extractor", "build_extractor"]
 

@@ -77,7 +77,7 @@ def extractor(config: TkgConfig, crash: bool) -> runner.Model:
     """Extraction as a model over episodes: spaCy may run in the driver (a night of a few
     hundred episodes spent most of its extract stage starting actors that load spaCy and a
     model each); an LLM extractor, or one told to crash, runs on actors."""
-    in_driver = config.extract.backend == "spacy" and not crash
+    in_driver = config.extract.backend in ("spacy", "synthetic") and not crash
     return runner.Model(ExtractBatch, (config, crash), batch_rows=config.extract.batch_size,
                         actors=config.extract.actors,
                         local=(lambda: _driver_extractor(config)) if in_driver else None)
