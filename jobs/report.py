@@ -276,37 +276,50 @@ def section_communities(ctx: Context) -> str:
     return table_html(top) + chart
 
 
-NEIGHBOURS = 16  # facts drawn around the entity in the graph picture
+NEIGHBOURS = 12  # entities drawn around the busiest one in the graph picture
+FACT_LINES = 2  # facts written under a neighbour's name
 
 
 def section_graph(ctx: Context) -> str:
-    """A picture of the graph: the entity with the most facts and its neighbours, placed
-    clockwise by when each fact began, a fact that ended drawn dashed with its end date."""
+    """A picture of the graph: the entity with the most facts and the entities its facts
+    reach, placed clockwise by when their first fact began; under each name its facts
+    (relation, valid time), dashed where every one of them has ended."""
     hub = query(ctx.con, """
         SELECT e.entity_id, e.group_id, e.name, count(*) AS facts
         FROM facts_current f JOIN entities e ON e.group_id = f.group_id
              AND e.entity_id IN (f.source_entity_id, f.target_entity_id)
+        WHERE f.source_entity_id <> f.target_entity_id
         GROUP BY ALL ORDER BY facts DESC, e.group_id, e.name LIMIT 1""")
     if not hub.rows:
         return f'<p class="none">{NONE_YET}</p>'
-    entity_id, group, name, count = hub.rows[0]
-    facts = query(ctx.con, f"""
-        SELECT CASE WHEN f.source_entity_id = ? THEN t.name ELSE s.name END AS other,
-               f.relation, f.source_entity_id = ? AS outgoing, f.valid_at, f.invalid_at
-        FROM facts_current f
-        LEFT JOIN entities s ON s.entity_id = f.source_entity_id AND s.group_id = f.group_id
-        LEFT JOIN entities t ON t.entity_id = f.target_entity_id AND t.group_id = f.group_id
-        WHERE f.group_id = ? AND ? IN (f.source_entity_id, f.target_entity_id)
-        ORDER BY f.valid_at NULLS FIRST, f.relation, other LIMIT {NEIGHBOURS}""",
-                  [entity_id, entity_id, group, entity_id])
-    shown = f"{len(facts.rows)} of its {count:,} facts" if count > len(facts.rows) else (
-        f"its {count:,} facts")
-    return (f"<p>{esc(name)} (group {esc(group)}), {shown}, clockwise from the top in "
-            "the order they began; dashed: ended.</p>" + neighbourhood_chart(name, facts.rows))
+    entity_id, group, name, _ = hub.rows[0]
+    around = query(ctx.con, """
+        WITH touching AS (
+            SELECT CASE WHEN f.source_entity_id = $1 THEN f.target_entity_id
+                        ELSE f.source_entity_id END AS other_id,
+                   f.relation, f.source_entity_id = $1 AS outgoing, f.valid_at, f.invalid_at
+            FROM facts_current f
+            WHERE f.group_id = $2 AND $1 IN (f.source_entity_id, f.target_entity_id)
+              AND f.source_entity_id <> f.target_entity_id)
+        SELECT coalesce(e.name, '?') AS other, min(t.valid_at) AS first,
+               list(CASE WHEN t.outgoing THEN '' ELSE '<- ' END || t.relation || ' '
+                    || coalesce(strftime(t.valid_at, '%Y-%m-%d'), '?')
+                    || coalesce(' .. ' || strftime(t.invalid_at, '%Y-%m-%d'), '')
+                    ORDER BY t.valid_at NULLS FIRST, t.relation) AS facts,
+               bool_and(t.invalid_at IS NOT NULL) AS ended
+        FROM touching t LEFT JOIN entities e ON e.entity_id = t.other_id AND e.group_id = $2
+        GROUP BY t.other_id, e.name ORDER BY first NULLS FIRST, other""",
+                   [entity_id, group])
+    rows = around.rows[:NEIGHBOURS]
+    shown = (f"the first {len(rows)} of the {len(around.rows)} entities its facts reach"
+             if len(around.rows) > len(rows) else f"the {len(rows)} entities its facts reach")
+    return (f"<p>{esc(name)} (group {esc(group)}) and {shown}, clockwise from the top in the "
+            "order their first fact began; dashed: every fact with it has ended.</p>"
+            + neighbourhood_chart(name, rows))
 
 
 def neighbourhood_chart(name: str, rows: Sequence[tuple]) -> str:
-    """The entity in the middle, one spoke per fact (neighbour, relation, dates)."""
+    """The entity in the middle, one spoke per neighbour with its facts under its name."""
     import math
 
     import matplotlib
@@ -314,26 +327,23 @@ def neighbourhood_chart(name: str, rows: Sequence[tuple]) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(8, 8))
+    figure, axis = plt.subplots(figsize=(9, 8))
     axis.set_axis_off()
-    axis.set_xlim(-1.6, 1.6)
-    axis.set_ylim(-1.4, 1.4)
-    for i, (other, relation, outgoing, valid_at, invalid_at) in enumerate(rows):
+    axis.set_xlim(-1.8, 1.8)
+    axis.set_ylim(-1.2, 1.2)
+    for i, (other, _, facts, ended) in enumerate(rows):
         angle = math.pi / 2 - 2 * math.pi * i / max(len(rows), 1)
-        x, y = math.cos(angle), math.sin(angle)
-        ended = invalid_at is not None
-        axis.annotate("", xy=(x, y) if outgoing else (0, 0), xytext=(0, 0) if outgoing else (x, y),
-                      arrowprops={"arrowstyle": "->", "color": "#999" if ended else "#4c72b0",
-                                  "linestyle": "--" if ended else "-", "shrinkA": 18,
-                                  "shrinkB": 18})
-        when = (f"{valid_at:%Y-%m-%d}" if valid_at else "?") + (
-            f" .. {invalid_at:%Y-%m-%d}" if ended else "")
-        axis.text(0.55 * x, 0.55 * y, f"{relation}\n{when}", fontsize=7, ha="center",
-                  va="center", color="#555", bbox={"fc": "white", "ec": "none", "pad": 0.5})
-        axis.text(x, y, str(other or "?")[:28], fontsize=8, ha="center", va="center",
-                  bbox={"boxstyle": "round", "fc": "#eef", "ec": "#99b"})
-    axis.text(0, 0, str(name)[:28], fontsize=10, weight="bold", ha="center", va="center",
-              bbox={"boxstyle": "round", "fc": "#fde", "ec": "#c69"})
+        ring = 1.0 if i % 2 == 0 else 0.7  # neighbours alternate rings: labels apart
+        x, y = 1.35 * ring * math.cos(angle), ring * math.sin(angle)
+        axis.plot([0, x], [0, y], color="#aaa" if ended else "#4c72b0",
+                  linestyle="--" if ended else "-", linewidth=1, zorder=1)
+        lines = [str(other)[:30]] + [f[:38] for f in facts[:FACT_LINES]] + (
+            [f"+{len(facts) - FACT_LINES} more"] if len(facts) > FACT_LINES else [])
+        axis.text(x, y, "\n".join(lines), fontsize=7, ha="center", va="center", zorder=2,
+                  bbox={"boxstyle": "round", "fc": "#f4f4f4" if ended else "#eef",
+                        "ec": "#bbb" if ended else "#99b"})
+    axis.text(0, 0, str(name)[:30], fontsize=10, weight="bold", ha="center", va="center",
+              zorder=3, bbox={"boxstyle": "round", "fc": "#fde", "ec": "#c69"})
     return png(figure)
 
 

@@ -67,6 +67,29 @@ def test_report_on_corpus(corpus_build, corpus_db, tmp_path, capsys):
     assert (report.NONE_YET in section(page, "rejects")) == (rejects == 0)
     communities = count("SELECT count(*) FROM communities")
     assert (report.NONE_YET in section(page, "communities")) == (communities == 0)
+    # the largest communities as bars (not one bar per distinct size, each of height 1)
+    assert section(page, "communities").count("data:image/png") == (1 if communities else 0)
+    # the runs table stays narrow: one row per run, seven columns
+    runs = section(page, "runs")
+    assert runs.count("<th>") == 7 and "corpus-1 (succeeded)" in runs
+    # a picture of the graph around the entity with the most current facts
+    hub = corpus_db.execute("""
+        SELECT e.name FROM facts_current f JOIN entities e ON e.group_id = f.group_id
+             AND e.entity_id IN (f.source_entity_id, f.target_entity_id)
+        WHERE f.source_entity_id <> f.target_entity_id
+        GROUP BY e.entity_id, e.group_id, e.name ORDER BY count(*) DESC, e.group_id, e.name
+        LIMIT 1""").fetchone()[0]
+    graph = section(page, "graph")
+    assert f"<p>{hub} (group " in graph and graph.count("data:image/png") == 1
+
+
+def test_report_is_written_beside_the_store_by_default(tmp_path, capsys):
+    store_dir = empty_store(tmp_path / "stores" / "prod")
+    assert main(["report", "--store", str(store_dir)]) == 0
+    out = tmp_path / "stores" / "prod-report.html"
+    assert f"wrote {out}" in capsys.readouterr().out and out.is_file()
+    assert main(["report", "--store", "s3://bucket/tkg"]) == 2
+    assert "--out FILE.html" in capsys.readouterr().err
 
 
 def test_report_on_empty_snapshot(tmp_path):
