@@ -395,7 +395,7 @@ DEFAULT_ENTITY_TYPES = (
     EntityType(name="Location", description="a country, city, region or other place on a map",
                ner=("GPE", "LOC"), name_words=(
                    "street", "avenue", "road", "lane", "boulevard", "city", "county",
-                   "province", "state", "island", "lake", "river", "mountain", "valley",
+                   "province", "island", "lake", "river", "mountain", "valley",
                    "beach", "bay", "park")),
     EntityType(name="Place", description="a building, venue or facility", ner=("FAC",),
                name_words=("hall", "center", "centre", "stadium", "airport", "station",

@@ -88,3 +88,24 @@ def test_an_unknown_endpoint_type_is_a_clear_error():
         {"name": "ownership", "relation": "OWNS", "target_types": ["Vehicle"]}]}})
     with pytest.raises(ValueError, match=r"'ownership' names entity types \['Vehicle'\]"):
         SpacyExtractor(config)
+
+
+def test_the_llm_answers_attributes_of_declared_types(config):
+    """The schema asks for each entity's attribute pairs; they become its attributes."""
+    from tkg.pipeline.llm.parse import parse_extraction
+    from tkg.pipeline.llm.schemas import EXTRACTION_SCHEMA
+
+    entity = EXTRACTION_SCHEMA["properties"]["entities"]["items"]
+    assert entity["required"] == ["name", "label", "attributes"]
+    episode = EpisodeInput("e", "g", "message", "Contoso, a fintech in Oslo, hired me.", WHEN,
+                           speaker="Sam")
+    answer = ('{"entities": [{"name": "Contoso", "label": "Company", "attributes": ['
+              '{"name": "industry", "value": "fintech"}, {"name": "headquarters", '
+              '"value": "Oslo"}, {"name": "", "value": "x"}]}, {"name": "Oslo", "label": '
+              '"Location"}], "facts": []}')
+    found, _ = parse_extraction(answer, episode)
+    by_name = {e.name: e for e in found.entities}
+    assert by_name["Contoso"].attributes == '{"headquarters": "Oslo", "industry": "fintech"}'
+    assert by_name["Oslo"].attributes is None
+    system = extraction_request(episode, 4, config.facts, config.ontology).messages[0]["content"]
+    assert '`attributes`: the values the episode states' in system

@@ -168,12 +168,14 @@ def extraction_from(data: dict[str, Any], episode: EpisodeInput) -> Extraction:
     if speaker:
         out.add_entity(speaker, "Person")
     for item in _items(data, "entities"):
+        attributes = None
         if isinstance(item, dict):
             name, label = _text(item.get("name")), _text(item.get("label") or item.get("type"))
+            attributes = _attributes(item.get("attributes"))
         else:
             name, label = _text(item), None
         if name:
-            out.add_entity(name, label or "Entity")
+            out.add_entity(name, label or "Entity", attributes)
     for item in _items(data, "facts"):
         if not isinstance(item, dict):
             continue
@@ -195,6 +197,16 @@ def extraction_from(data: dict[str, Any], episode: EpisodeInput) -> Extraction:
             undated=_flag(item.get("undated")) and valid_at is None and invalid_at is None,
         ))
     return out
+
+
+def _attributes(value: Any) -> str | None:
+    """An entity's attribute pairs ([{"name", "value"}], or an object) as a JSON object text;
+    None when there are none. Pairs without a name or a scalar value are dropped."""
+    pairs = value.items() if isinstance(value, dict) else (
+        (p.get("name"), p.get("value")) for p in value or () if isinstance(p, dict)
+    ) if isinstance(value, list) else ()
+    found = {k: v for name, raw in pairs if (k := _text(name)) and (v := _text(raw))}
+    return json.dumps(found, ensure_ascii=False, sort_keys=True) if found else None
 
 
 def parse_extraction(text: str | None, episode: EpisodeInput) -> tuple[Extraction, bool]:

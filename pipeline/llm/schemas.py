@@ -15,7 +15,11 @@ def _object(properties: dict[str, Any]) -> dict[str, Any]:
             "additionalProperties": False}
 
 
-ENTITY = _object({"name": {"type": "string"}, "label": {"type": "string"}})
+# An entity's attributes: the fields its type declares (`ontology.entity_types`) that the
+# episode gives a value for, as pairs (strict mode takes no free-form object).
+ATTRIBUTE = _object({"name": {"type": "string"}, "value": {"type": "string"}})
+ENTITY = _object({"name": {"type": "string"}, "label": {"type": "string"},
+                  "attributes": {"type": "array", "items": ATTRIBUTE}})
 FACT = _object({
     "source": {"type": "string"},
     "target": {"type": "string"},
