@@ -257,16 +257,19 @@ RECORD_STATEMENTS = pa.schema([
     ("group_id", pa.string()), ("record", pa.string()), ("episode_id", pa.string()),
     ("valid_at", schema.TS), ("source_normalized", pa.string()),
     ("target_normalized", pa.string()), ("relation", pa.string()),
+    ("tonight", pa.bool_()),  # from this run's extractions (else an earlier run's)
 ])
 RESOLVED_STATEMENTS = RECORD_STATEMENTS.append(pa.field("source_entity_id", pa.string())
                                                ).append(pa.field("target_entity_id", pa.string()))
 VERSION_ENDS = pa.schema([("edge_id", pa.string()), ("record_invalid_at", schema.TS),
-                          ("record_invalidated_by", pa.string())])
+                          ("record_invalidated_by", pa.string()),
+                          ("source_entity_id", pa.string()), ("tonight", pa.bool_())])
+END_COLUMNS = ["edge_id", "record_invalid_at", "record_invalidated_by"]  # joined to edges
 
 
-def record_statements(extractions: pa.Table) -> pa.Table:
-    """Extractions -> RECORD_STATEMENTS rows of the keyed records among them (their first
-    entity carries RECORD_ATTRIBUTE); other extractions give none."""
+def record_statements(extractions: pa.Table, tonight: bool) -> pa.Table:
+    """Extractions (this run's: `tonight`) -> RECORD_STATEMENTS rows of the keyed records
+    among them (their first entity carries RECORD_ATTRIBUTE); other extractions give none."""
     from tkg.pipeline.resolve import normalize_name
 
     rows = []
@@ -278,7 +281,7 @@ def record_statements(extractions: pa.Table) -> pa.Table:
             continue
         subject = entities[0]["name"]
         base = {"group_id": group_id, "record": normalize_name(record),
-                "episode_id": episode_id, "valid_at": valid_at}
+                "episode_id": episode_id, "valid_at": valid_at, "tonight": tonight}
         rows.append({**base, "source_normalized": None, "target_normalized": None,
                      "relation": None})
         rows += [{**base, "source_normalized": normalize_name(subject),
@@ -323,14 +326,17 @@ def version_ends(statements: pa.Table, config: FactsConfig) -> pa.Table:
     VERSION_ENDS: each edge a record stated and a later version of it no longer states
     ends at that version's valid time, caused by a new value that version states for the
     same field (the smallest edge id), or by none when it dropped the field or the item (a
-    list's remaining items replace nothing)."""
+    list's remaining items replace nothing). `tonight`: the record has a version in this
+    run (a later run revisits the subjects of those ends, `source_entity_id`)."""
     from tkg.pipeline.facts import relation_class
 
     by_record: dict[tuple[str, str], list[dict]] = {}
     for row in statements.to_pylist():
         by_record.setdefault((row["group_id"], row["record"]), []).append(row)
     ends: dict[str, tuple[datetime, str | None]] = {}
+    about: dict[str, tuple[str, bool]] = {}  # edge -> (its subject, a version tonight?)
     for (group_id, _), rows in sorted(by_record.items()):
+        tonight = any(r["tonight"] for r in rows)
         versions = sorted({(r["valid_at"], r["episode_id"]) for r in rows
                            if r["valid_at"] is not None})
         order = {episode: index for index, (_, episode) in enumerate(versions)}
@@ -345,6 +351,7 @@ def version_ends(statements: pa.Table, config: FactsConfig) -> pa.Table:
             edge = schema.stable_id(group_id, "fact", source, target, relation)
             index = order[row["episode_id"]]
             last[edge] = max(last.get(edge, -1), index)
+            about[edge] = (source, tonight or about.get(edge, ("", False))[1])
             by_version.setdefault((index, relation), []).append(edge)
         relations = {e: r for (_, r), edges in by_version.items() for e in edges}
         for edge, index in last.items():
@@ -356,7 +363,8 @@ def version_ends(statements: pa.Table, config: FactsConfig) -> pa.Table:
                 if edge not in ends or _earlier(end, ends[edge]):
                     ends[edge] = end
     return pa.Table.from_pylist(
-        [{"edge_id": e, "record_invalid_at": at, "record_invalidated_by": by}
+        [{"edge_id": e, "record_invalid_at": at, "record_invalidated_by": by,
+          "source_entity_id": about[e][0], "tonight": about[e][1]}
          for e, (at, by) in sorted(ends.items())], schema=VERSION_ENDS)
 
 
@@ -370,7 +378,7 @@ def apply_version_ends(edges: pa.Table) -> pa.Table:
     version unless it already ends earlier (`facts._end`, the one rule for two ends)."""
     from tkg.pipeline.facts import _end
 
-    names = [n for n in edges.column_names if n not in VERSION_ENDS.names[1:]]
+    names = [n for n in edges.column_names if n not in END_COLUMNS[1:]]
     if "record_invalid_at" not in edges.column_names or edges.num_rows == 0:
         return edges.select(names)  # no record ends joined
     rows = edges.to_pylist()

@@ -40,8 +40,9 @@ def _checked(ctx: RunContext, edges: Dataset, ends: Dataset) -> Dataset:
     judge for what the rules left open."""
     checked = engine.shuffle(ctx, edges, ["group_id", "source_entity_id"], facts.invalidate,
                              ctx.config.facts)
-    checked = engine.map(ctx, engine.join(ctx, checked, ends, "left_outer", ("edge_id",)),
-                         records.apply_version_ends)
+    checked = engine.map(ctx, engine.join(
+        ctx, checked, engine.map(ctx, ends, only, records.END_COLUMNS), "left_outer",
+        ("edge_id",)), records.apply_version_ends)
     if (judge := adjudicate.build_invalidation_judge(ctx.config)) is not None:
         checked = adjudicate.judge_invalidations(ctx, checked, judge)  # what rules left open
     return checked.materialize()  # feeds the summaries and the stage output
@@ -59,8 +60,13 @@ def _version_ends(ctx: RunContext, extractions: Dataset, alias_map: Dataset) -> 
     """`records.version_ends` of every keyed record (this run's versions and earlier
     runs'), by a shuffle per record: a version arriving tonight ends the stored edges its
     record no longer states, as one run over everything would."""
-    statements = engine.map(ctx, all_extractions(ctx, extractions, RECORD_COLUMNS),
-                            records.record_statements).materialize()
+    statements = engine.map(ctx, extractions, records.record_statements, True)
+    earlier = previous_table(ctx, INTERNAL_EXTRACTIONS, RECORD_COLUMNS)
+    if earlier is not None:
+        statements = engine.union(ctx, statements, engine.map(
+            ctx, engine.map(ctx, earlier, schema.conform, schema.EXTRACTIONS),
+            records.record_statements, False))
+    statements = statements.materialize()
     stated = engine.map(ctx, statements, records.stated_only)
     resolved = join_alias_map(join_alias_map(stated, alias_map, ctx, "source_normalized",
                                              "source_"),
@@ -155,7 +161,7 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
         stored_names = empty_dataset()
     changed = _changed_entities(ctx, stored_names, alias_map)
     new_mentions = engine.map(ctx, new, facts.fact_mentions).materialize()
-    tonight = _tonight_subjects(ctx, new_mentions, alias_map)
+    tonight = _tonight_subjects(ctx, new_mentions, alias_map) | _record_subjects(ctx, ends)
     to_changed = engine.map(ctx, stored, in_set("target_entity_id", changed))  # the night's
     rebuilt = changed | set(engine.gather(ctx, to_changed, ["source_entity_id"],
                                           what="subjects of edges to changed entities")
@@ -209,6 +215,20 @@ def _tonight_subjects(ctx: RunContext, mentions: Dataset, alias_map: Dataset) ->
                              what="tonight's fact subjects")["source_entity_id"].to_pylist())
 
 
+def _record_subjects(ctx: RunContext, ends: Dataset) -> set[str]:
+    """The subjects of edges a record version of this run ends: a version that states no
+    edge at all (every field dropped) has no fact mention to bring its subject in."""
+    tonight = engine.map(ctx, ends, _tonight_ends)
+    return set(engine.gather(ctx, tonight, ["source_entity_id"], what="subjects of "
+                             "record versions")["source_entity_id"].to_pylist())
+
+
+def _tonight_ends(ends: pa.Table) -> pa.Table:
+    if "tonight" not in ends.column_names:  # a block without rows or columns
+        return ends
+    return ends.filter(pc.fill_null(ends["tonight"], False)).select(["source_entity_id"])
+
+
 def _names_of(ctx: RunContext, alias_map: Dataset, entities: set[str]) -> set[str]:
     """The (group, normalized) keys (`name_keys`) of the names of `entities`."""
     if not entities:
@@ -257,15 +277,18 @@ def _combined_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
     """Tonight's edges of subjects named `names` combined with their `stored` open edges,
     invalidated again; only the new and changed ones. Both combinations are shuffles of the
     stored and tonight's edges tagged by side (by subject, then by edge): a subject's
-    stored edges never come to the driver as such."""
+    stored edges never come to the driver as such. A subject with no edge tonight (a record
+    version that dropped every field, `_record_subjects`) has its stored edges checked
+    again."""
     mentions = engine.map(ctx, new_mentions, in_set("source_normalized", names,
                                                  group_column="group_id"))
     tonight = engine.nonempty(_merged_edges(ctx, mentions.materialize(), alias_map))
-    if tonight is None:
+    if tonight is None and engine.nonempty(stored) is None:
         return empty_dataset()
     before = engine.map(ctx, stored, _tagged, "old").materialize()
-    combined = engine.shuffle(ctx, engine.union(ctx, before, engine.map(
-        ctx, tonight, _tagged, "new")), ["group_id", "source_entity_id"], _combine_sides)
+    sides = [before] if tonight is None else [before, engine.map(ctx, tonight, _tagged, "new")]
+    combined = engine.shuffle(ctx, engine.union(ctx, *sides),
+                              ["group_id", "source_entity_id"], _combine_sides)
     checked = engine.map(ctx, _checked(ctx, combined, ends), _tagged, "new")
     return engine.shuffle(ctx, engine.union(ctx, before, checked), ["edge_id"],
                           _changed_sides)
