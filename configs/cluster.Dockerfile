@@ -11,6 +11,7 @@ COPY tkg tkg
 COPY pipeline pipeline
 COPY query query
 COPY jobs jobs
+COPY configs configs
 RUN pip install --no-cache-dir uv==${UV_VERSION} \
  && uv export --locked --no-hashes --no-emit-project --quiet --extra gpu -o /tmp/constraints-gpu.txt \
  && pip install --no-cache-dir -c /tmp/constraints-gpu.txt '.[gpu]'

@@ -72,10 +72,13 @@ class PeakMemory:
 
 
 def spilled_bytes() -> int:
-    """Bytes the object store has spilled to disk since Ray started (all nodes)."""
+    """Bytes the object store has spilled to disk since Ray started (all nodes), of the Ray
+    this process is connected to (another local Ray may run beside it)."""
+    import ray
     from ray._private.internal_api import get_memory_info_reply, get_state_from_address
 
-    return int(get_memory_info_reply(get_state_from_address(None)).store_stats
+    address = ray.get_runtime_context().gcs_address
+    return int(get_memory_info_reply(get_state_from_address(address)).store_stats
                .spilled_bytes_total)
 
 
