@@ -156,7 +156,19 @@ def store_stats(store_dir: Path) -> dict[str, Any]:
             "groups": one("SELECT count(DISTINCT group_id) FROM episodes"),
             "seconds": manifest["summary"].get("seconds", {}),
         }
+    stats["erasures"] = last_erasures(store_dir)
     return stats
+
+
+def last_erasures(store_dir: Path, last: int = 5) -> list[dict[str, Any]]:
+    """The erasure log's newest rows (`tkg forget`): when, who, what kind, rows removed."""
+    from tkg.pipeline.forget import erasure_log
+
+    rows = erasure_log(store_dir, last).to_pylist()
+    return [{"request_id": r["request_id"], "requested_at": r["requested_at"],
+             "requested_by": r["requested_by"], "selector": json.loads(r["selector"]),
+             "removed": dict(r["counts"] or []), "snapshot": r["snapshot"],
+             "snapshots_retired": r["snapshots_retired"]} for r in rows]
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -167,6 +179,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(json.dumps(stats, default=str))
     else:
         print_summary(stats, f"tkg store {args.store} (snapshot {stats['run_id']})")
+        for erasure in stats["erasures"]:
+            kinds = [k for k, v in erasure["selector"].items() if v and k != "with_episodes"]
+            print(f"erasure {erasure['request_id']} at {erasure['requested_at']:%Y-%m-%d %H:%M} "
+                  f"by {erasure['requested_by'] or '-'} ({', '.join(kinds)}): "
+                  f"{erasure['removed'].get('episodes', 0)} episodes, "
+                  f"{erasure['removed'].get('facts', 0)} fact rows removed")
     return 0
 
 
@@ -198,6 +216,8 @@ COMMANDS = {
     "keys": ("ops", "API keys of tkg serve"),
     "gc": ("ops", "remove old snapshots and finished work dirs"),
     "mcp": ("mcp", "memory as MCP tools for agents (stdio or streamable HTTP)"),
+    "forget": ("forget", "erase episodes, a source, an entity or a group (--purge: from the "
+               "history too)"),
 }
 
 

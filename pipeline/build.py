@@ -204,10 +204,11 @@ def stage_writers(ctx: RunContext, publishes: Mapping[str, str]) -> dict[str, st
 def publish_run(ctx: RunContext, store_dir: Location, tables: Mapping[str, store.TableWriter],
                 started_at: datetime, summarize: Callable[[store.Published], dict[str, Any]],
                 manifest: dict[str, Any], *, grown: Sequence[str] = (),
-                kept: Sequence[str] = ()) -> dict[str, Any]:
-    """`store.publish` of a run, a build or a community refresh: its manifest is `manifest`
-    (what the caller adds) with the run's fields over it, its `runs` row is the summary's;
-    returns the manifest."""
+                kept: Sequence[str] = (), carry: Mapping[str, Sequence[str]] | None = None
+                ) -> dict[str, Any]:
+    """`store.publish` of a run, a build, a community refresh or a forget: its manifest is
+    `manifest` (what the caller adds) with the run's fields over it, its `runs` row is the
+    summary's; returns the manifest."""
 
     def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
         summary = summarize(done)
@@ -222,7 +223,8 @@ def publish_run(ctx: RunContext, store_dir: Location, tables: Mapping[str, store
                    llm_completion_tokens=summary["llm_completion_tokens"])
 
     return store.publish(store_dir, ctx.run_id, tables, previous=ctx.previous, dim=ctx.dim,
-                         query=ctx.config.query, describe=describe, grown=grown, kept=kept)
+                         query=ctx.config.query, describe=describe, grown=grown, kept=kept,
+                         carry=carry)
 
 
 def _published_schema(work: str, table: str, dim: int) -> pa.Schema:

@@ -663,6 +663,18 @@ class ServeConfig(_Section):
     poll_s: float = Field(0.5, gt=0, description="how often STORE/CURRENT is checked")
 
 
+class RetentionConfig(_Section):
+    """What a run forgets by itself after it publishes (`tkg forget --before`, README:
+    operating): nothing unless `max_age_days` is set."""
+
+    max_age_days: float | None = Field(
+        None, gt=0, description="episodes whose time (valid_at) lies more than this many days "
+        "before the run are forgotten after each build; null = kept forever")
+    purge: bool = Field(False, description="also remove them from the store's history "
+                        "(`tkg forget --purge`: earlier snapshots that hold them are retired)")
+    by: str = Field("retention policy", description="who the erasure log names as asking")
+
+
 class TkgConfig(_Section):
     """Everything a build needs besides its inputs and store."""
 
@@ -679,6 +691,7 @@ class TkgConfig(_Section):
     query: QueryConfig = QueryConfig()
     serve: ServeConfig = ServeConfig()
     storage: StorageConfig = StorageConfig()
+    retention: RetentionConfig = RetentionConfig()
     ontology: OntologyConfig = OntologyConfig()
 
     @model_validator(mode="after")

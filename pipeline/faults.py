@@ -7,6 +7,8 @@
     publish:<step>         the driver "dies" while publishing, after <step> (tables, catalog,
                            indexes) is written
     before_switch          the driver "dies" after the snapshot is written, before CURRENT
+    forget:<step>          a forget "dies" after <step>: published (its snapshot is CURRENT,
+                           the purge not begun), retired (one snapshot's manifest removed)
     stage_error:<stage>    <stage> raises on every attempt (a stage that keeps failing)
     worker_exit:<stage>    one Ray worker of <stage> exits hard, once (Ray retries it)
     actor_exit:<stage>     every model actor of <stage> exits hard on every batch
@@ -28,7 +30,8 @@ from pathlib import Path
 import pyarrow as pa
 
 ENV = "TKG_FAULT"
-CRASHES = frozenset({"after_stage", "extract_batch", "publish", "before_switch"})
+CRASHES = frozenset({"after_stage", "extract_batch", "publish", "before_switch",
+                     "forget"})
 
 
 class InjectedCrash(BaseException):

@@ -186,6 +186,25 @@ RUNS = pa.schema(
     ]
 )
 
+# The erasure log (`tkg forget`), kept beside the snapshots (STORE/erasures/): what was
+# asked, by whom, and how much went; never erased content or ids in clear. `erased_hashes`:
+# sha256 of `salt` + group + "\x1f" + source id of each erased episode, so an auditor who
+# knows an id can confirm it was erased.
+ERASURES = pa.schema(
+    [
+        ("request_id", pa.string()),
+        ("requested_at", TS),
+        ("requested_by", pa.string()),
+        ("selector", pa.string()),  # JSON: selector kinds, their values as salted hashes
+        ("dry_run", pa.bool_()),
+        ("counts", pa.map_(pa.string(), pa.int64())),  # rows removed per table
+        ("snapshot", pa.string()),  # the snapshot the forget published
+        ("snapshots_retired", pa.list_(pa.string())),  # by --purge
+        ("salt", pa.string()),
+        ("erased_hashes", pa.list_(pa.string())),
+    ]
+)
+
 # --- work tables: stage outputs under STORE/work/<run_id>/, not published -----------------
 
 EXTRACTED_ENTITY = pa.struct(

@@ -331,13 +331,16 @@ Describe = Callable[[Published], tuple[dict[str, Any], pa.Table]]  # -> manifest
 
 def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter], *,
             previous: Location | None, dim: int, query: QueryConfig, describe: Describe,
-            grown: Sequence[str] = (), kept: Sequence[str] = ()) -> dict[str, Any]:
+            grown: Sequence[str] = (), kept: Sequence[str] = (),
+            carry: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """Write snapshot `run_id` and switch CURRENT to it, last: the new `tables`; the
     previous snapshot's files of `grown` tables listed beside the new ones and of `kept`
     tables whole (referenced, their retrieval indexes too); the retrieval indexes of the
     rest; the runs table with the row `describe` returns; the catalog; its manifest with
-    every table's files. Returns the manifest. A crash at any step leaves CURRENT where it
-    was (faults: `publish:<step>`)."""
+    every table's files. `carry`: of each grown table only these previous files (relative
+    to the previous snapshot; a forget leaves out those that held erased rows). Returns
+    the manifest. A crash at any step leaves CURRENT where it was (faults:
+    `publish:<step>`)."""
     started = time.perf_counter()
     snapshot = prepare_snapshot(store_dir, run_id)
     rows = {name: write(storage.join(snapshot, name)) for name, write in tables.items()}
@@ -345,9 +348,13 @@ def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter],
              for name in tables}
     before = relative_files(previous) if previous is not None and (grown or kept) else {}
     for name in (*grown, *kept):
-        if previous is not None and before.get(name):
-            files[name] = _carried(previous, before[name]) + files.get(name, [])
-            rows[name] = rows.get(name, 0) + _previous_rows(previous, name)
+        listed = before.get(name) if carry is None or name in kept else carry.get(name)
+        if previous is not None and listed:
+            files[name] = _carried(previous, listed) + files.get(name, [])
+            rows[name] = rows.get(name, 0) + (
+                _previous_rows(previous, name) if listed is before.get(name) else
+                sum(storage.each(storage.parquet_rows,
+                                 [storage.join(previous, f) for f in listed])))
     faults.hit("publish", "tables")
     retrieval, lance = _indexes(snapshot, previous, kept, dim, query, files)
     faults.hit("publish", "indexes")
@@ -360,11 +367,22 @@ def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter],
     files["runs"] = [storage.relative(f, snapshot) for f in _listed(snapshot, "runs")]
     build_catalog(snapshot, files)
     faults.hit("publish", "catalog")
-    manifest = {**manifest, "files": files, "lance": lance}
+    manifest = {**manifest, "files": files, "lance": lance,
+                "erasures": _erasures(previous, manifest)}
     write_manifest(snapshot, manifest)
     faults.hit("before_switch")
     switch_current(store_dir, run_id)
     return manifest
+
+
+def _erasures(previous: Location | None, manifest: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """When erasures removed data from the store (request id and time, never what), carried
+    from snapshot to snapshot: a query at a `known_at` before one says so
+    (`tkg.pipeline.forget`)."""
+    if "erasures" in manifest:
+        return list(manifest["erasures"])
+    return list(((_manifest_or_none(previous) or {}) if previous is not None else {})
+                .get("erasures") or [])
 
 
 def _indexes(snapshot: Location, previous: Location | None, kept: Sequence[str], dim: int,
