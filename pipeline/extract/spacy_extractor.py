@@ -187,20 +187,22 @@ class SpacyExtractor:
         spans: dict[int, tuple[Span, str]] = {}
         for ent in doc.ents:
             if ent.label_ in NAMED_NER:
+                label = self._type(ent, self.ontology.ner_type(ent.label_))
                 before = doc[ent.start - 1] if ent.start else None
                 if before is not None and before.dep_ == "compound" and (
-                        self.ontology.word_type([before.text, *ent.text.split()])):
-                    ent = doc[ent.start - 1 : ent.end]  # "Dr. Okoye", not "Okoye"
-                label = self._type(ent, self.ontology.ner_type(ent.label_))
+                        self.ontology.word_type([before.text, ent[-1].text])):
+                    label = self.ontology.word_type([before.text, ent[-1].text])  # Dr. Okoye
                 for token in ent:
                     spans[token.i] = (ent, label)
         for chunk in doc.noun_chunks:
-            if chunk.root.pos_ == "PRON" or any(t.i in spans for t in chunk):
+            named = [t.i for t in chunk if t.i in spans]
+            if chunk.root.pos_ == "PRON" or (named and not _named_thing(chunk, named)):
                 continue
             if any(t.ent_type_ in DATE_LABELS for t in chunk):
                 continue
+            span = doc[named[0] : chunk.end] if named else chunk
             for token in chunk:
-                spans[token.i] = (chunk, self._type(chunk, None))
+                spans.setdefault(token.i, (span, self._type(span, None)))
         return spans
 
     def _type(self, span: Span, ner_type: str | None) -> str:
@@ -561,6 +563,15 @@ def _lower_first(text: str, first: Token) -> str:
     if first.pos_ == "PROPN" or not text or not text.lower().startswith(first.lower_):
         return text  # a name, or a pronoun already made one ("Your" -> "Nate's")
     return text[0].lower() + text[1:]
+
+
+def _named_thing(chunk: Span, named: list[int]) -> bool:
+    """A common noun that a name before it makes a specific thing ("the Globex order", "the
+    Walker family"): the name is the noun's compound, and no "and" joins two names."""
+    root = chunk.root
+    return root.i not in named and root.pos_ == "NOUN" and all(
+        chunk.doc[i].dep_ == "compound" or chunk.doc[i].head.dep_ == "compound"
+        for i in named) and not any(t.dep_ == "cc" for t in chunk)
 
 
 def _prospective(verb: Token) -> bool:
