@@ -223,7 +223,7 @@ SHOW = (
     _turn(5, "Stephen Dubner", "Steven here again: Fordham is in the Bronx."),
     _turn(6, "Caroline", "Did anyone fix T-23 yet?"),
     _turn(7, "Melanie", "Not yet, Caroline. Mel will ask again tomorrow."),
-    _turn(8, "Ann Other", "Tetlow taught at Yale.", group="other"),  # another tenant's Tetlow
+    _turn(8, "Ann Other", "Ms. Tetlow taught at Yale.", group="other"),  # another tenant's
 )
 
 
