@@ -23,6 +23,7 @@ from ray.data import Dataset
 from tkg.pipeline import (
     engine,
     faults,
+    lock,
     local_ray,
     outputs,
     reliability,
@@ -320,10 +321,17 @@ def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
     started_at = store.now()
     run_id = run_id or store.new_run_id(started_at, files)
     reliability.preflight(store_dir, files, config)  # disk and permissions, before any work
-    ctx = run_context(config, store_dir, run_id, files, started_at)
-    seconds = run_stages(ctx)
-    with reliability.publishing(store_dir, run_id):
-        return publish(ctx, store_dir, seconds, started_at)
+    with lock.held(store_dir, "build", run_id):  # never interleaved with a forget
+        ctx = run_context(config, store_dir, run_id, files, started_at)
+        seconds = run_stages(ctx)
+        with reliability.publishing(store_dir, run_id):
+            result = publish(ctx, store_dir, seconds, started_at)
+    if config.retention.max_age_days is not None:  # the nightly run applies the policy
+        from tkg.pipeline.forget import apply_retention  # forget runs the build's stages
+
+        retained = apply_retention(config, store_dir)
+        result.summary["retention"] = retained.summary() if retained else None
+    return result
 
 
 def run_context(config: TkgConfig, store_dir: Location, run_id: str, files: list[Path],

@@ -153,6 +153,7 @@ class Retriever:
         # answer whether or not they exist), so this tells nothing about other tenants.
         result.warnings = [f"group {g!r} has no data in snapshot {snap.run_id}"
                            for g in scope.groups if g not in snap.groups]
+        result.warnings += erased_since(snap.manifest, scope.known_at)
         return result
 
     def context(self, text: str, group_ids: Sequence[str] | str, *,
@@ -181,6 +182,19 @@ def add_episodes(store_dir: str | Path, records: Sequence[Any],
     the store's inbox, where the next `tkg build --inbox` finds them; answers per record its
     episode id or why it was rejected (`pipeline/inbox.py`). Searches see them once built."""
     return inbox.add(storage.location(store_dir), records, limits, storage.configured())
+
+
+def erased_since(manifest: dict[str, Any], known_at: int) -> list[str]:
+    """A warning per erasure (`tkg forget`) after `known_at` (microseconds): what the store
+    knew then is shown without what was erased since, which is not the same as never known."""
+    warnings = []
+    for erasure in manifest.get("erasures") or []:
+        at = datetime.fromisoformat(erasure["at"])
+        if at.timestamp() * 1_000_000 > known_at:
+            warnings.append(f"erased data was removed from this store at {erasure['at']} "
+                            f"(request {erasure['request_id']}); what the store knew before "
+                            "then is shown without it")
+    return warnings
 
 
 def open(store_dir: str | Path, embedder: Any = None, config: QueryConfig | None = None,
