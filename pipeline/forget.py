@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import posixpath
 import re
 import secrets
 import time
@@ -494,7 +495,7 @@ def _plan(previous: Location, selection: Selection, dim: int) -> Plan:
         carry[table] = [f for f in files if f not in out]
         if table == INTERNAL_EXTRACTIONS:
             # a snapshot listing one of these holds the erased rows or what came of them
-            held |= {storage.key(storage.join(previous, f)) for f in in_groups(
+            held |= {_key(storage.join(previous, f)) for f in in_groups(
                 files, selection.dropped | {g for g, n in selection.masked.items() if n})}
     rejects = store.read_table(previous, "rejects", schema.REJECTS)
     keep = pc.invert(pc.or_(
@@ -519,7 +520,7 @@ def _episode_files(previous: Location, files: list[str], selection: Selection,
                if pc.any(pc.is_in(t["episode_id"], erased)).as_py()}
     kept = [t.filter(pc.invert(pc.is_in(t["episode_id"], erased))) for t in storage.each(
         lambda f: storage.read_parquet(storage.join(previous, f)), sorted(holding))]
-    held = {storage.key(storage.join(previous, f)) for f in holding | dropped}
+    held = {_key(storage.join(previous, f)) for f in holding | dropped}
     return [f for f in files if f not in holding and f not in dropped], kept, held
 
 
@@ -535,6 +536,12 @@ def _writers(ctx: RunContext, plan: Plan, ran: bool) -> dict[str, store.TableWri
     return tables  # a table of another kind: the files of groups not touched are carried
 
 
+def _key(location: Location) -> str:
+    """A file's storage key with `..` resolved: a later snapshot lists an earlier one's file
+    as `../<run>/...`, the earlier one as its own."""
+    return posixpath.normpath(storage.key(location))
+
+
 def retired_snapshots(store_dir: Location, held: set[str], current: str) -> list[str]:
     """Published snapshots (other than `current`) that list a file that held erased data:
     they hold the erased rows, or rows derived from them."""
@@ -544,7 +551,7 @@ def retired_snapshots(store_dir: Location, held: set[str], current: str) -> list
         if name == current or not storage.is_file(storage.join(snapshot, store.MANIFEST)):
             continue
         files = store.snapshot_files(snapshot)
-        if any(storage.key(f) in held for listed in files.values() for f in listed):
+        if any(_key(f) in held for listed in files.values() for f in listed):
             found.append(name)
     return sorted(found)
 
