@@ -623,7 +623,7 @@ def _run(config: TkgConfig, store_dir: Location, request: str, selection: Select
     ran = bool(selection.touched)
     seconds = run_stages(ctx, forget_stages(selection)) if ran else {}
     plan = _plan(previous, selection, ctx.dim)
-    retired = retired_snapshots(store_dir, plan.held, storage.name(previous))
+    retired = retired_snapshots(store_dir, plan.held, request)  # the previous one too
     erasures = [*(before.get("erasures") or []),
                 {"request_id": request, "at": ctx.created_at.isoformat(), "retire": retired}]
 
@@ -672,6 +672,9 @@ def purge_history(store_dir: Location) -> tuple[list[str], int]:
         unused = [f for f, _ in storage.file_sizes(snapshot)
                   if storage.key(f) not in files and not storage.key(f).startswith(folders)]
         storage.delete_files(unused)
+        lance = storage.join(snapshot, "lance")  # its emptied folders, unless still listed
+        if not any(storage.key(lance).startswith(f.rstrip("/")) for f in folders):
+            storage.delete_dir(lance)
         if not any(True for _ in storage.file_sizes(snapshot)):
             storage.delete_dir(snapshot)
     works = storage.list_dirs(storage.join(store_dir, "work"))
