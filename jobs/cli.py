@@ -7,7 +7,11 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tkg.pipeline.build import BuildResult
+    from tkg.pipeline.config import TkgConfig
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -64,6 +68,20 @@ def print_summary(summary: dict[str, Any], title: str, stage_seconds: bool = Tru
     console.print(f"snapshot: {summary.get('snapshot')}")
 
 
+def _build_and_retain(config: TkgConfig, inputs: list[str], store_dir: str,
+                      run_id: str) -> BuildResult:
+    """A build, then the `retention` section's forget when it is set (the nightly policy).
+    Here and not in pipeline.build: forget runs the build's stages, so build cannot call it."""
+    from tkg.pipeline.build import build
+    from tkg.pipeline.forget import apply_retention
+
+    result = build(config, inputs, store_dir, run_id=run_id)
+    if config.retention.max_age_days is not None:
+        retained = apply_retention(config, store_dir)
+        result.summary["retention"] = retained.summary() if retained else None
+    return result
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     """Inputs are checked before Ray starts; while it runs, the terminal gets one line per
     stage and everything else goes to the run's log (see jobs/build_output.py)."""
@@ -79,16 +97,15 @@ def cmd_build(args: argparse.Namespace) -> int:
     print(build_output.start_line(run_id, files, args.store, log_path), flush=True,
           file=sys.stderr if args.json else sys.stdout)
     skipped = sources.skipped(args.input, config.storage)
-    from tkg.pipeline.build import build
     from tkg.pipeline.stages import STAGES
 
     with build_output.terminal(log_path, args.json) as (out, err):
         try:
             if args.json:
-                result = build(config, args.input, args.store, run_id=run_id)
+                result = _build_and_retain(config, args.input, args.store, run_id)
             else:
                 with build_output.StageProgress(out, work, [s.name for s in STAGES]) as shown:
-                    result = build(config, args.input, args.store, run_id=run_id)
+                    result = _build_and_retain(config, args.input, args.store, run_id)
                 shown.finish("publish", result.summary["seconds"].get("publish", 0.0))
         except (sources.InputError, store.StoreError):
             raise  # the user's to fix: main() prints them

@@ -23,8 +23,8 @@ from ray.data import Dataset
 from tkg.pipeline import (
     engine,
     faults,
-    lock,
     local_ray,
+    lock,
     outputs,
     reliability,
     schema,
@@ -326,11 +326,6 @@ def build(config: TkgConfig, inputs: list[str], store_dir: str | Path,
         seconds = run_stages(ctx)
         with reliability.publishing(store_dir, run_id):
             result = publish(ctx, store_dir, seconds, started_at)
-    if config.retention.max_age_days is not None:  # the nightly run applies the policy
-        from tkg.pipeline.forget import apply_retention  # forget runs the build's stages
-
-        retained = apply_retention(config, store_dir)
-        result.summary["retention"] = retained.summary() if retained else None
     return result
 
 
