@@ -46,7 +46,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from ray.data import Dataset
-from tkg.pipeline import engine, faults, lock, outputs, schema, storage, store
+from tkg.pipeline import engine, faults, lock, outputs, reliability, schema, storage, store
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import RunContext, Stage
 from tkg.pipeline.datasets import empty_dataset, read_parquet_files
@@ -662,7 +662,7 @@ def purge_history(store_dir: Location) -> tuple[list[str], int]:
     retire = sorted(r for r in wanted if r in published and r != current)
     kept = [s for name, s in published.items() if name not in retire
             and storage.is_file(storage.join(s, store.MANIFEST))]
-    files, folders = _referenced(kept)
+    files, folders = reliability.referenced_files(kept)
     for name in retire:
         snapshot = published[name]
         # the manifest first: a crash after it leaves a folder no reader opens
@@ -681,20 +681,6 @@ def purge_history(store_dir: Location) -> tuple[list[str], int]:
     for work in works:
         storage.delete_dir(work)
     return retire, len(works)
-
-
-def _referenced(snapshots: list[Location]) -> tuple[set[str], tuple[str, ...]]:
-    """What kept snapshots use: their files (storage keys) and LanceDB folders (prefixes)."""
-    files: set[str] = set()
-    folders: set[str] = set()
-    for snapshot in snapshots:
-        manifest = store.read_manifest(snapshot)
-        files.update(storage.key(f) for listed in store.snapshot_files(snapshot, manifest).values()
-                     for f in listed)
-        files.update(storage.key(storage.join(snapshot, n)) for n in (store.MANIFEST,
-                                                                       store.CATALOG))
-        folders.update(storage.key(d) + "/" for d in store.lance_dirs(snapshot, manifest).values())
-    return files, tuple(folders)
 
 
 # --- the erasure log --------------------------------------------------------------------------

@@ -233,7 +233,7 @@ def _published(store_dir: Location) -> list[Location]:
                   key=lambda s: stamps[s][0], reverse=True)
 
 
-def _referenced(snapshots: list[Location]) -> tuple[set[str], tuple[str, ...]]:
+def referenced_files(snapshots: list[Location]) -> tuple[set[str], tuple[str, ...]]:
     """What kept snapshots use: their files (as storage keys) and their LanceDB folders (as
     key prefixes), wherever they lie."""
     files: set[str] = set()
@@ -292,7 +292,7 @@ def gc(store_dir: Location, keep: int, dry_run: bool = False) -> GcReport:
     others = [storage.name(p) for p in published if storage.name(p) != current]
     kept = [p for p in published
             if storage.name(p) in {*others[:max(keep, 0)], current, *needed}]
-    files, folders = _referenced(kept)
+    files, folders = referenced_files(kept)
     report.kept = [storage.name(p) for p in kept]
     for snapshot in published:
         if snapshot not in kept:
