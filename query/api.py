@@ -119,17 +119,29 @@ class Retriever:
 
     def embed(self, text: str) -> np.ndarray:
         """The query's vector (a small LRU: eval and retries ask the same text again)."""
+        return self.embed_all([text])[0]
+
+    def embed_all(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """The vectors of several texts of one query, those not cached in one pass of the
+        model: its weights are read once for both (a question and the question without
+        its speakers' names: 2 x 14 ms apart, 15 ms together on the 2-core machine)."""
+        found: dict[str, np.ndarray] = {}
         with self._cache_lock:
-            cached = self._vectors.get(text)
-            if cached is not None:
-                self._vectors.move_to_end(text)
-                return cached
-        vector = np.asarray(self.embedder.embed([text])[0], dtype=np.float32)
-        with self._cache_lock:
-            self._vectors[text] = vector
-            if len(self._vectors) > 1024:
-                self._vectors.popitem(last=False)
-        return vector
+            for text in texts:
+                cached = self._vectors.get(text)
+                if cached is not None:
+                    self._vectors.move_to_end(text)
+                    found[text] = cached
+        missing = [t for t in dict.fromkeys(texts) if t not in found]
+        if missing:
+            vectors = np.asarray(self.embedder.embed(missing), dtype=np.float32)
+            found.update(zip(missing, vectors, strict=True))
+            with self._cache_lock:
+                for text in missing:
+                    self._vectors[text] = found[text]
+                while len(self._vectors) > 1024:
+                    self._vectors.popitem(last=False)
+        return [found[t] for t in texts]
 
     # --- the query ------------------------------------------------------------------
     def search(self, text: str, group_ids: Sequence[str] | str, recipe: str | Recipe | None = None,

@@ -8,7 +8,6 @@ and by the times the question's own words name (`time_boost`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
@@ -51,22 +50,23 @@ def fused_episodes(search: Question, part: Part, lists: Lists, methods: list[str
         found += cited_episodes(search, ranked)
         scores += [None, None]
         weights += list(recipe.provenance_weights)
-    return rerank.boost(rerank.rrf(found, recipe.rrf_k, weights, scores=scores),
-                        episode_factor(search))
+    fused = rerank.rrf(found, recipe.rrf_k, weights, scores=scores)
+    return rerank.boost(fused, episode_factors(search, np.array([r for r, _ in fused],
+                                                                  dtype=np.int64)))
 
 
 def with_turn_windows(search: Question, found: list[list[int]],
                       scores: list[list[float] | None]) -> Lists:
-    """Each scored list's turns scored with their neighbours (`rerank.turn_window`)."""
+    """Each scored list's turns scored with their neighbours (`rerank.window_rows`)."""
     if not any(search.recipe.turn_window):
         return found, scores
-    adjacent = adjacent_turns(search.snap, [r for rows in found for r in rows], search.scope)
+    neighbours = adjacent_turns(search.snap, search.scope)
     found, scores = list(found), list(scores)
     for i, values in enumerate(scores):
         if values is not None:
-            window = rerank.turn_window(list(zip(found[i], values, strict=True)), adjacent,
-                                        *search.recipe.turn_window)
-            found[i], scores[i] = [r for r, _ in window], [v for _, v in window]
+            rows, window = rerank.window_rows(np.asarray(found[i], dtype=np.int64), values,
+                                              neighbours, *search.recipe.turn_window)
+            found[i], scores[i] = rows.tolist(), window.tolist()
     return found, scores
 
 
@@ -81,44 +81,41 @@ def cited_episodes(search: Question, ranked: dict[str, Hits]) -> list[list[int]]
     return [sources, mentions]
 
 
-def episode_factor(search: Question) -> Callable[[int], float]:
-    """Row -> score factor: the speaker's (`speaker_factor`) times `time_boost` inside the
-    question's time windows."""
+def episode_factors(search: Question, rows: np.ndarray) -> np.ndarray:
+    """Each row's score factor: the speaker's (`speaker_factors`) times `time_boost` inside
+    the question's time windows."""
     recipe = search.recipe
-    speaker = speaker_factor(search)
+    factors = speaker_factors(search, rows)
     windows = time_windows(search) if recipe.time_boost != 1.0 else []
     valid = search.snap.kinds["episodes"].times.get("valid_at_us")
+    if windows and valid is not None and len(rows):
+        at = valid[rows]
+        inside = np.zeros(len(rows), dtype=bool)
+        for start, end in windows:
+            inside |= (start <= at) & (at < end)
+        factors[inside] *= recipe.time_boost
+    return factors
 
-    def factor(row: int) -> float:
-        value = speaker(row)
-        if windows and valid is not None and any(a <= valid[row] < b for a, b in windows):
-            value *= recipe.time_boost
-        return value
 
-    return factor
-
-
-def speaker_factor(search: Question) -> Callable[[int], float]:
-    """Row -> `named_speaker` for a turn a named person spoke, `other_speaker` for a turn
-    spoken by someone else that names no named person or thing, else 1."""
+def speaker_factors(search: Question, rows: np.ndarray) -> np.ndarray:
+    """Each row's factor: `named_speaker` for a turn a named person spoke, `other_speaker`
+    for a turn spoken by someone else that names no named person or thing, else 1."""
     recipe = search.recipe
-    if recipe.other_speaker == 1.0 and recipe.named_speaker == 1.0:
-        return lambda row: 1.0
+    factors = np.ones(len(rows), dtype=np.float64)
+    if (recipe.other_speaker == 1.0 and recipe.named_speaker == 1.0) or not len(rows):
+        return factors
     entities, spoken_rows = search.named()
-    spoken, turns = set(spoken_rows), link.name_index(search.snap).turns
-    about: set[int] = set()
-    if spoken and entities:  # what others said about a named person or thing
-        about = set(search.snap.entity_episodes.of_many(
-            np.asarray(entities, dtype=np.int64)).tolist())
-
-    def factor(row: int) -> float:
-        if row in spoken:
-            return recipe.named_speaker
-        if spoken and turns[row] and row not in about:
-            return recipe.other_speaker
-        return 1.0
-
-    return factor
+    if not spoken_rows:
+        return factors
+    turns = link.name_index(search.snap).turns
+    spoken = np.isin(rows, np.asarray(spoken_rows, dtype=np.int64))
+    about = np.zeros(len(rows), dtype=bool)
+    if entities:  # what others said about a named person or thing
+        about = np.isin(rows, search.snap.entity_episodes.of_many(
+            np.asarray(entities, dtype=np.int64)))
+    factors[turns[rows] & ~spoken & ~about] = recipe.other_speaker
+    factors[spoken] = recipe.named_speaker
+    return factors
 
 
 def time_windows(search: Question) -> list[tuple[int, int]]:

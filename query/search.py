@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -374,30 +374,29 @@ def neighbours(snapshot: Snapshot, scope: Scope):
     return step
 
 
-def adjacent_turns(snapshot: Snapshot, rows: Sequence[int], scope: Scope
-                   ) -> dict[int, tuple[int | None, int | None]]:
-    """(previous, next) turn of each episode row and of the turns next to it, in its
-    conversation, among the episodes the scope may see (rows sort by group and time, so a
-    conversation's next turn is the next row); None at a conversation's ends."""
+def adjacent_turns(snapshot: Snapshot, scope: Scope
+                   ) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """Episode rows -> (previous, next) turn of each in its conversation, among the episodes
+    the scope may see (rows sort by group and time, so a conversation's next turn is the
+    next row; `Snapshot.follows_turn` says whether it is), -1 at a conversation's ends and
+    for a row the scope may not see."""
     table = snapshot.kinds["episodes"]
-    count = table.meta.num_rows
-    given = np.unique(np.asarray(rows, dtype=np.int64))
-    wanted = np.unique(np.concatenate([given - 1, given, given + 1]))
-    wanted = wanted[(wanted >= 0) & (wanted < count)]
-    around = np.unique(np.concatenate([wanted - 1, wanted, wanted + 1]))
-    around = around[(around >= 0) & (around < count)]
-    conversation = table.meta["conversation_id"].take(around).to_pylist()
-    visible = visible_mask(snapshot, "episodes", around, scope)
-    at = {int(r): (c if ok else None) for r, c, ok in zip(around.tolist(), conversation,
-                                                          visible.tolist(), strict=True)}
-    found: dict[int, tuple[int | None, int | None]] = {}
-    for row in wanted.tolist():
-        here = at.get(row)
-        if here is None:
-            continue
-        found[row] = (row - 1 if at.get(row - 1) == here else None,
-                      row + 1 if at.get(row + 1) == here else None)
-    return found
+    count, follows = table.meta.num_rows, snapshot.follows_turn
+
+    def seen(rows: np.ndarray) -> np.ndarray:
+        inside = (rows >= 0) & (rows < count)
+        ok = np.zeros(len(rows), dtype=bool)
+        ok[inside] = visible_mask(snapshot, "episodes", rows[inside], scope)
+        return ok
+
+    def neighbours(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = np.asarray(rows, dtype=np.int64)
+        before, here, after = seen(np.concatenate([rows - 1, rows, rows + 1])).reshape(3, -1)
+        linked_before = here & before & follows[np.clip(rows, 0, max(count - 1, 0))]
+        linked_after = here & after & follows[np.clip(rows + 1, 0, max(count - 1, 0))]
+        return (np.where(linked_before, rows - 1, -1), np.where(linked_after, rows + 1, -1))
+
+    return neighbours
 
 
 def latest_episode(snapshot: Snapshot, scope: Scope) -> int | None:

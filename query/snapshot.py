@@ -19,6 +19,7 @@ from tkg.pipeline import storage, store
 from tkg.pipeline.config import QueryConfig
 from tkg.pipeline.index import SPECS, connect, connect_async, read_published
 from tkg.pipeline.storage import Location
+from tkg.query import link
 from tkg.query.catalog import Catalog
 from tkg.query.lexical import TermIndex
 
@@ -192,6 +193,9 @@ class Snapshot:
     entity_facts: Csr  # entity row -> fact rows touching it
     entity_episodes: Csr  # entity row -> episode rows mentioning it (newest first)
     episode_entities: Csr  # episode row -> entity rows it mentions
+    # episode row -> whether the row before it is of the same conversation (rows sort by
+    # group and time): a turn's neighbours without a per-query read of conversation ids
+    follows_turn: np.ndarray
     entity_rows: dict[str, int] = field(repr=False)
     episode_rows: dict[str, int] = field(repr=False)
     catalog: Catalog = field(init=False, repr=False)
@@ -298,13 +302,23 @@ def open_snapshot(snapshot: Location, config: QueryConfig | None = None) -> Snap
     episode_entities = Csr.build(m_episode, m_entity, episodes.num_rows)
 
     support = pc.fill_null(pc.list_value_length(facts["episode_ids"]), 0)
-    return Snapshot(
+    conversation = episodes["conversation_id"]
+    follows_turn = np.zeros(episodes.num_rows, dtype=bool)
+    if episodes.num_rows > 1:  # (a null conversation has no neighbours)
+        same = pc.equal(conversation.slice(1), conversation.slice(0, episodes.num_rows - 1))
+        follows_turn[1:] = pc.fill_null(same, False).to_numpy(zero_copy_only=False)
+    opened = Snapshot(
         run_id=manifest["run_id"], path=snapshot, manifest=manifest, kinds=kinds,
         groups=groups, group_codes=codes, fact_src=src, fact_tgt=tgt,
         fact_support=support.to_numpy(zero_copy_only=False).astype(np.int64),
         entity_facts=entity_facts, entity_episodes=entity_episodes,
-        episode_entities=episode_entities,
+        episode_entities=episode_entities, follows_turn=follows_turn,
         entity_rows=dict(zip(entities["entity_id"].to_pylist(), range(n_entities), strict=True)),
         episode_rows=dict(zip(episodes["episode_id"].to_pylist(), range(episodes.num_rows),
                               strict=True)),
     )
+    # The names index too, here rather than in the first query on this snapshot (at 100,000
+    # facts that query took the build's time on top of its own; a server opens snapshots on
+    # its watcher thread).
+    link.name_index(opened)
+    return opened

@@ -24,6 +24,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tkg.jobs.bench.figures import report
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo10.json"
@@ -77,8 +78,11 @@ def evidence_ids(evidence: list[str]) -> list[str]:
 def score(retriever: Any, questions: list[dict[str, Any]], recipe: str) -> dict[str, Any]:
     """Recall@k and hit@k per category (and overall) of one recipe's ranked episodes."""
     rows: dict[str, list[dict[str, float]]] = defaultdict(list)
+    milliseconds = []
     for q in questions:
+        started = time.perf_counter()
         result = retriever.search(q["question"], [q["group_id"]], recipe=recipe, limit=max(KS))
+        milliseconds.append((time.perf_counter() - started) * 1000)
         ranked = [e.source_id for e in result.episodes]
         evidence = set(q["evidence"])
         row: dict[str, float] = {}
@@ -88,9 +92,13 @@ def score(retriever: Any, questions: list[dict[str, Any]], recipe: str) -> dict[
             row[f"hit@{k}"] = float(bool(found))
         rows[CATEGORIES[q["category"]]].append(row)
         rows["overall"].append(row)
-    return {name: {"questions": len(found), **{metric: round(
+    figures: dict[str, Any] = {name: {"questions": len(found), **{metric: round(
         sum(r[metric] for r in found) / len(found), 4) for metric in found[0]}}
-            for name, found in rows.items()}
+        for name, found in rows.items()}
+    if milliseconds:  # per question: the question's embedding(s) and the search
+        figures["search_ms"] = {f"p{p}": round(float(np.percentile(milliseconds, p)), 2)
+                                for p in (50, 95, 99)}
+    return figures
 
 
 def bench_locomo(data_path: Path, config_path: str | None = None,
@@ -148,7 +156,13 @@ def print_bench(figures: dict[str, Any]) -> None:
             if row:
                 table.add_row(name, category, str(row["questions"]),
                               *(f"{row[m]:.3f}" for m in metrics))
-    Console(width=140).print(table)
+    console = Console(width=140)
+    console.print(table)
+    for name, categories in figures["recipes"].items():
+        if "search_ms" in categories:
+            timing = categories["search_ms"]
+            console.print(f"{name}: search per question p50 {timing['p50']} ms, p95 "
+                          f"{timing['p95']} ms, p99 {timing['p99']} ms")
 
 
 def add_command(benches: argparse._SubParsersAction) -> None:

@@ -180,9 +180,104 @@ def _reusable(root: Path, facts: int, dim: int) -> dict[str, Any] | None:
     return None
 
 
+class StageTimer:
+    """Wall time per stage of the searches run inside it (`with StageTimer() as timer`):
+    the stage functions are wrapped for the while, so the search code carries no timing of
+    its own. A stage nested in another counts in both (BFS's seeds fuse lists by RRF)."""
+
+    def __init__(self) -> None:
+        from tkg.query import api, candidates, methods
+
+        self.seconds: dict[str, float] = {}
+        embed = "embed_all" if "embed_all" in vars(api.Retriever) else "embed"  # (older code)
+        self._patches = [
+            ("embedding", api.Retriever, embed),
+            ("cosine, in memory", methods, "exact_cosine"),
+            ("BM25, in memory", methods, "memory_bm25"),
+            ("LanceDB searches (waited for)", candidates, "start"),
+            ("bfs (graph expansion)", candidates.OneSearch, "expansion"),
+            ("linked (named people and things)", methods.Linked, "hits"),
+            ("fusion and reranking (facts, entities, communities)", candidates.OneSearch,
+             "_fused"),
+            ("fusion and reranking (facts, entities, communities)", candidates.OneSearch,
+             "_reranked"),
+            ("episode scoring (turn windows, provenance, speakers, time)", candidates,
+             "fused_episodes"),
+            ("hydration", candidates, "hydrate")]
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+    def _timed(self, stage: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(stage, time.perf_counter() - started)
+
+        def started_searches(*args: Any, **kwargs: Any) -> Any:
+            future = fn(*args, **kwargs)  # (LanceDB works on its own loop: time the wait)
+            result = future.result
+            future.result = lambda *a, **k: timed_result(result, *a, **k)
+            return future
+
+        def timed_result(result: Any, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return result(*args, **kwargs)
+            finally:
+                self.add(stage, time.perf_counter() - started)
+
+        return started_searches if fn.__name__ == "start" else timed
+
+    def __enter__(self) -> StageTimer:
+        for stage, owner, name in self._patches:
+            original = owner.__dict__[name]
+            self._saved.append((owner, name, original))
+            setattr(owner, name, self._timed(stage, original))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+
+
+def stage_profile(retriever: Any, work: list[dict[str, Any]], context_tokens: int
+                  ) -> dict[str, float]:
+    """Milliseconds per query of each stage of the default recipe (`StageTimer`), plus the
+    context string and the JSON of `tkg search --json`, over `work`; `other` is the rest
+    of the search (scope, candidate lists, the recipe's plumbing)."""
+    import json
+
+    from tkg.query.context import build_context
+
+    total = 0.0
+    with StageTimer() as timer:
+        for q in work:
+            started = time.perf_counter()
+            result = retriever.search(q["text"], q["group_ids"], as_of=q.get("as_of"))
+            total += time.perf_counter() - started
+            started = time.perf_counter()
+            build_context(result, context_tokens)
+            timer.add("context string", time.perf_counter() - started)
+            started = time.perf_counter()
+            json.dumps(result.to_dict(), ensure_ascii=False).encode()
+            timer.add("serialization (search JSON)", time.perf_counter() - started)
+    stages = dict(timer.seconds)
+    inside = sum(v for k, v in stages.items() if k not in ("context string",
+                                                            "serialization (search JSON)"))
+    stages["other (scope, lists, plumbing)"] = max(total - inside, 0.0)
+    stages["search total"] = total
+    return {k: round(v * 1000 / max(len(work), 1), 3) for k, v in stages.items()}
+
+
 def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 10,
                 workdir: str | None = None, seed: int = 0,
-                config: QueryConfig | None = None, reuse: bool = False) -> dict[str, Any]:
+                config: QueryConfig | None = None, reuse: bool = False,
+                profile: int = 0) -> dict[str, Any]:
     """Build (or, with `reuse`, keep the store of an earlier run in `workdir`) and time."""
     from tkg.query.context import build_context
 
@@ -220,6 +315,7 @@ def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 
         latencies.append((time.perf_counter() - t0) * 1000)
         returned += len(result.facts)
     ms = np.array(latencies)
+    stages = stage_profile(retriever, work[:profile], config.context_tokens) if profile else None
     figures = {
         **counts, "dim": dim, "groups": groups, "queries": queries,
         "recipe": config.recipe, "vector_index": {k: v["vector_index"] for k, v in index.items()
@@ -235,6 +331,7 @@ def bench_query(facts: int, queries: int = 1_000, dim: int = 384, groups: int = 
         "mean_ms": round(float(ms.mean()), 2),
         "facts_per_query": round(returned / max(queries, 1), 2),
         "store": str(root),
+        **({"profile_queries": profile, "profile_ms": stages} if stages else {}),
     }
     if not workdir:
         shutil.rmtree(root, ignore_errors=True)
@@ -255,11 +352,15 @@ def add_command(benches: argparse._SubParsersAction) -> None:
     bench.add_argument("--workdir", default=None, help="keep the synthetic store here")
     bench.add_argument("--reuse", action="store_true",
                        help="time the store an earlier run kept in --workdir (same sizes)")
+    bench.add_argument("--profile", type=int, default=0, metavar="N",
+                       help="after timing, run the first N queries again with a stage-by-stage "
+                       "profile (ms per query per stage; not part of the timed figures)")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(fn=run_command)
 
 
 def run_command(args: argparse.Namespace) -> int:
     figures = bench_query(args.facts, queries=args.queries, dim=args.dim, groups=args.groups,
-                          workdir=args.workdir, seed=args.seed, reuse=args.reuse)
+                          workdir=args.workdir, seed=args.seed, reuse=args.reuse,
+                          profile=args.profile)
     return report(figures, args.json, print_bench)
