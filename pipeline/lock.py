@@ -5,16 +5,18 @@ snapshot built on one the build is about to replace, and the build would bring t
 episodes back from the snapshot it started on. On a local disk the lock is an `flock` on
 `STORE/.lock`, which the kernel releases when its process dies however it dies. An object
 store has no such lock: there it is a lease object (`STORE/.lock`, owner and expiry) that a
-writer takes when none is live and refreshes as it works; a crashed writer's lease runs out
-after `LEASE_S`.
+writer takes when none is live and a thread of its process renews every third of `LEASE_S`
+while it works; a crashed writer's lease runs out after `LEASE_S`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,11 +25,12 @@ from pathlib import Path
 from tkg.pipeline import storage
 from tkg.pipeline.storage import Location
 
+log = logging.getLogger("tkg.lock")
 LOCK = ".lock"
-# How long an object-store lease lives without being refreshed: longer than any step between
-# two refreshes of a run (a stage), short enough that a crashed run does not block the next
-# night for long.
-LEASE_S = 6 * 3600
+# How long an object-store lease lives without being renewed: its holder renews it every
+# third of that (one small PUT), so it outlives a slow request or two to the store, and a
+# crashed run blocks the next one for at most this long.
+LEASE_S = 15 * 60
 
 
 class StoreLocked(RuntimeError):
@@ -95,9 +98,29 @@ def _lease(store_dir: Location, owner: str, what: str) -> Iterator[None]:
     if json.loads(storage.read_text(path)).get("token") != mine["token"]:
         raise StoreLocked(_message(store_dir, "another run that took it at the same moment",
                                    what))
+    stop = threading.Event()
+    renewing = threading.Thread(target=_renew, args=(path, mine, stop), daemon=True,
+                                name="tkg-store-lease")
+    renewing.start()
     try:
         yield
     finally:
+        stop.set()
+        renewing.join(timeout=60)
         with contextlib.suppress(OSError, ValueError):
             if json.loads(storage.read_text(path)).get("token") == mine["token"]:
                 storage.delete_file(path)
+
+
+def _renew(path: Location, mine: dict, stop: threading.Event) -> None:
+    """Push the lease's expiry on every third of `LEASE_S` until `stop`; a lease found in
+    another run's hands (this process stalled past its expiry) is left to it, loudly."""
+    while not stop.wait(LEASE_S / 3):
+        try:
+            if json.loads(storage.read_text(path)).get("token") != mine["token"]:
+                log.error("the store lease %s was taken over by another run; this run no "
+                          "longer holds the store", path)
+                return
+            storage.write_text(path, json.dumps({**mine, "expires": time.time() + LEASE_S}))
+        except (OSError, ValueError):  # the next turn tries again, before the lease ends
+            log.warning("could not renew the store lease %s", path, exc_info=True)

@@ -120,3 +120,17 @@ def test_bench_scale(ray_session, config_file, capfd):
         assert run["peak_driver_rss_mb"] > 0 and run["spilled_mb"] >= 0
         assert run["stages"]["extract"]["in"] == 60 and run["stages"]["facts"]["out"] > 0
     assert ray_data["peak_worker_rss_mb"] > 0  # actor pools and Ray Data tasks ran
+
+
+def test_bench_forget(ray_session, config_file, capfd):
+    """A build of 60 episodes, then whole conversations of one group (a tenth) forgotten
+    from a copy and purged: what went is what was chosen."""
+    figures = _bench(capfd, "forget", "--episodes", "60", "--share", "0.1",
+                     "--config", config_file)
+    assert figures["episodes"] == 60 and figures["conversations"] >= 1
+    assert figures["forgotten_episodes"] >= 6
+    assert figures["removed"]["episodes"] == figures["forgotten_episodes"]
+    assert figures["full_seconds"] > 0 and figures["forget_seconds"] > 0
+    assert figures["rows_read"] > 0 and figures["rows_written"] > 0
+    assert figures["snapshots_retired"] == 1 and figures["work_dirs_removed"] == 2
+    assert 0 < figures["snapshot_files_purged"] < figures["snapshot_files_before"]

@@ -20,6 +20,7 @@ BENCHES = {
     "serve": ("serve", "HTTP load on a synthetic store, publish mid-run"),
     "incremental": ("incremental", "a full build, then a small newer run into it"),
     "scale": ("scale", "synthetic episodes on both paths: stages, rows, memory, spill"),
+    "forget": ("forget", "a full build, then erasing 0.5 % of it: seconds, rows, files"),
     "graph": ("graph", "graph quality (../shared/data): LoCoMo observations, chinook "
               "records, generic nouns, person duplicates"),
 }
