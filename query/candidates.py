@@ -213,6 +213,8 @@ class OneSearch:
             return seeds
         top = self.recipe.bfs_seeds
         for kind, found in lists.items():
+            if kind not in ("entities", "facts"):
+                continue  # (only their top hits name entities)
             fused = [row for row, _ in rerank.rrf(found, self.recipe.rrf_k,
                                                   scores=scores[kind])][:top]
             if kind == "entities":

@@ -89,6 +89,14 @@ class TermIndex:
     lengths: np.ndarray  # float32 per row
     average_length: float
     documents: int  # rows with at least one term (what LanceDB counts for idf)
+    # per posting, BM25's tf + k1 (1 - b + b len / avglen): the same float32 arithmetic as
+    # at query time, done once (the scores are identical, bit for bit)
+    denominators: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.denominators is None:
+            self.denominators = self.counts + K1 * (
+                1.0 - B + B * self.lengths[self.rows] / self.average_length)
 
     @classmethod
     def build(cls, texts: pa.Array | pa.ChunkedArray) -> TermIndex:
@@ -118,7 +126,9 @@ class TermIndex:
             if term in self.terms and len(rows):
                 t = self.terms[term]
                 postings = self.rows[self.start[t]:self.start[t + 1]]
-                at = np.minimum(np.searchsorted(postings, rows), len(postings) - 1)
+                # (needles of the postings' dtype: numpy casts the whole postings otherwise)
+                at = np.minimum(np.searchsorted(postings, rows.astype(postings.dtype)),
+                                len(postings) - 1)
                 found += postings[at] == rows
         return found
 
@@ -142,13 +152,15 @@ class TermIndex:
             frequency = last - first
             idf = np.log(1.0 + (self.documents - frequency + 0.5) / (frequency + 0.5))
             rows, counts = self.rows[first:last], self.counts[first:last]
+            denominators = self.denominators[first:last]
             for (start, end), offset in zip(spans, offsets, strict=True):
-                low, high = np.searchsorted(rows, (start, end))
+                # (bounds of the postings' dtype: int64 ones made numpy copy every posting
+                # of the term: a fifth of BM25's time at 1M facts)
+                low, high = np.searchsorted(rows, np.array((start, end), dtype=rows.dtype))
                 if high > low:
                     inside, tf = rows[low:high], counts[low:high]
-                    norm = K1 * (1.0 - B + B * self.lengths[inside] / self.average_length)
                     slots.append(inside - (start - offset))
-                    gains.append(idf * tf * (K1 + 1.0) / (tf + norm))
+                    gains.append(idf * tf * (K1 + 1.0) / denominators[low:high])
         if not slots:
             return []
         total = np.bincount(np.concatenate(slots), weights=np.concatenate(gains),

@@ -23,64 +23,30 @@ K = TypeVar("K", bound=Hashable)
 UNREACHABLE = 1_000_000  # hop distance of a node the center cannot reach
 
 
-def _coded(lists: Sequence[Sequence[K]]) -> tuple[list[K], list[np.ndarray]]:
-    """(every key once, in the order first met across `lists`; each list as codes into it).
-    Integer keys (row numbers, the search's) are coded by numpy, others by a dict."""
-    sizes = [len(ranked) for ranked in lists]
-    if not sum(sizes):
-        return [], [np.zeros(0, dtype=np.int64) for _ in lists]
-    first = next(ranked[0] for ranked in lists if len(ranked))
-    if isinstance(first, int | np.integer) and not isinstance(first, bool):
-        flat = np.concatenate([np.asarray(ranked, dtype=np.int64) for ranked in lists])
-        unique, where, inverse = np.unique(flat, return_index=True, return_inverse=True)
-        met = np.argsort(where, kind="stable")
-        code = np.empty(len(unique), dtype=np.int64)
-        code[met] = np.arange(len(unique))
-        codes = code[inverse.reshape(-1)]
-        keys = unique[met].tolist()
-    else:
-        index: dict[K, int] = {}
-        codes = np.fromiter((index.setdefault(key, len(index)) for ranked in lists
-                             for key in ranked), dtype=np.int64, count=sum(sizes))
-        keys = list(index)
-    bounds = np.cumsum([0, *sizes])
-    return keys, [codes[bounds[i]:bounds[i + 1]] for i in range(len(lists))]
-
-
-def _best_first(keys: list[K], scores: np.ndarray) -> list[tuple[K, float]]:
-    """(key, score) pairs by descending score; ties keep the order of `keys`."""
-    order = np.argsort(-scores, kind="stable")
-    return list(zip([keys[i] for i in order.tolist()], scores[order].tolist(), strict=True))
-
-
 def rrf(lists: Sequence[Sequence[K]], k: int = RECIPE_DEFAULTS.rrf_k,
         weights: Sequence[float] | None = None,
         scores: Sequence[Sequence[float] | None] | None = None) -> list[tuple[K, float]]:
     """Reciprocal rank fusion: score(x) = sum_i w_i / (k + rank_i(x)), ranks from 1. With
     `scores` (per list, parallel to it, or None), keys a method scored equally (in float32)
     share the best rank of their run: BM25 often ties short facts, and an arbitrary order
-    among them would otherwise decide the fusion. A key listed twice counts at its first
-    place. Best first; ties keep the order keys were first met in. (Over arrays: the
-    per-key Python loop was 1.1 ms of a LoCoMo question.)"""
+    among them would otherwise decide the fusion."""
     weights = weights or [1.0] * len(lists)
     given = scores or [None] * len(lists)
-    keys, coded = _coded(lists)
-    fused = np.zeros(len(keys), dtype=np.float64)
-    for codes, weight, values in zip(coded, weights, given, strict=True):
-        if not len(codes):
-            continue
-        _, first = np.unique(codes, return_index=True)
-        kept = np.sort(first)  # each key at its first place in this list
-        place = np.arange(1, len(kept) + 1)
-        if values is None:
-            rank = place
-        else:  # a run of equal (float32) scores shares the rank of its first key
-            rounded = np.asarray(values, dtype=np.float32)[kept]
-            starts = np.ones(len(kept), dtype=bool)
-            starts[1:] = rounded[1:] != rounded[:-1]
-            rank = np.maximum.accumulate(np.where(starts, place, 0))
-        fused[codes[kept]] += weight / (k + rank)
-    return _best_first(keys, fused)
+    fused: dict[K, float] = {}
+    for ranked, weight, values in zip(lists, weights, given, strict=True):
+        seen: set[K] = set()
+        rank, previous = 0, None
+        rounded = None if values is None else np.asarray(values, dtype=np.float32).tolist()
+        for position, key in enumerate(ranked):
+            if key in seen:
+                continue
+            seen.add(key)
+            value = None if rounded is None else rounded[position]
+            if value is None or value != previous:
+                rank = len(seen)
+            previous = value
+            fused[key] = fused.get(key, 0.0) + weight / (k + rank)
+    return sorted(fused.items(), key=lambda item: -item[1])
 
 
 def normalise(scores: Sequence[float], zero_based: bool) -> list[float]:
@@ -101,13 +67,17 @@ def combine(lists: Sequence[Sequence[K]], scores: Sequence[Sequence[float]],
     """Score fusion: sum_i w_i * s_i(x) over the lists that hold x, their scores already on
     [0, 1] (`normalise`). Unlike RRF it keeps how far apart a method put two keys. Best
     first; ties keep the order keys were first met in."""
-    keys, coded = _coded(lists)
-    fused = np.zeros(len(keys), dtype=np.float64)
-    for codes, values, weight in zip(coded, scores, weights, strict=True):
-        if len(codes) != len(values):
-            raise ValueError("combine: a list and its scores differ in length")
-        np.add.at(fused, codes, weight * np.asarray(values, dtype=np.float64))
-    return _best_first(keys, fused)
+    fused: dict[K, float] = {}
+    for ranked, values, weight in zip(lists, scores, weights, strict=True):
+        for key, value in zip(ranked, values, strict=True):
+            fused[key] = fused.get(key, 0.0) + weight * value
+    return sorted(fused.items(), key=lambda item: -item[1])
+
+
+def _best_first(keys: list[K], scores: np.ndarray) -> list[tuple[K, float]]:
+    """(key, score) pairs by descending score; ties keep the order of `keys`."""
+    order = np.argsort(-scores, kind="stable")
+    return list(zip([keys[i] for i in order.tolist()], scores[order].tolist(), strict=True))
 
 
 def fused_lists(fusion: str, found: list[list[K]], scores: list[list[float] | None],
@@ -165,8 +135,8 @@ def turn_window(hits: Sequence[tuple[K, float]], adjacent: Mapping[K, tuple[K | 
     calls `window_rows` on row numbers; this is its form for any keys.)"""
     nearby = [n for key, _ in hits for n in (key, *adjacent.get(key, ())) if n is not None]
     nearby += [n for key in list(nearby) for n in adjacent.get(key, ()) if n is not None]
-    keys, (codes, _) = _coded([[key for key, _ in hits], nearby])
-    code = {key: i for i, key in enumerate(keys)}
+    code = {key: i for i, key in enumerate(dict.fromkeys(nearby))}
+    keys, codes = list(code), np.array([code[key] for key, _ in hits], dtype=np.int64)
     links = np.array([[code.get(n, -1) if n is not None else -1
                        for n in adjacent.get(key, (None, None))] for key in keys],
                      dtype=np.int64).reshape(-1, 2)

@@ -59,8 +59,10 @@ class _Connection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def post(self, path: str, body: bytes, timeout: float = 30.0) -> tuple[int, str]:
-        """(status, X-Tkg-Snapshot) of one request; the body is read and dropped."""
+    async def post(self, path: str, body: bytes, timeout: float = 30.0
+                   ) -> tuple[int, str, str]:
+        """(status, X-Tkg-Snapshot, Server-Timing) of one request; the body is read and
+        dropped."""
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
@@ -78,7 +80,8 @@ class _Connection:
             raise
         if headers.get("connection", "").lower() == "close":
             self.close()
-        return int(lines[0].split()[1]), headers.get("x-tkg-snapshot", "")
+        return (int(lines[0].split()[1]), headers.get("x-tkg-snapshot", ""),
+                headers.get("server-timing", ""))
 
     def close(self) -> None:
         if self.writer is not None:
@@ -93,6 +96,7 @@ async def _load(url: str, work: list[dict[str, Any]], seconds: float, concurrenc
     address = urlsplit(url)
     bodies = [json.dumps(q).encode() for q in work]
     records: list[tuple[float, float, int, str]] = []
+    stages: list[dict[str, float]] = []  # each answer's Server-Timing, ms
     errors: dict[str, int] = {}
     counter = iter(range(10**12))
     connections = [_Connection(address.hostname or "127.0.0.1", address.port or 80)
@@ -108,11 +112,14 @@ async def _load(url: str, work: list[dict[str, Any]], seconds: float, concurrenc
             body = bodies[next(counter) % len(bodies)]
             t0 = time.perf_counter()
             try:
-                status, snapshot = await connection.post("/search", body)
+                status, snapshot, timing = await connection.post("/search", body)
             except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
-                status, snapshot = 0, ""
+                status, snapshot, timing = 0, "", ""
                 errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
-            records.append((t0 - start, (time.perf_counter() - t0) * 1000, status, snapshot))
+            took = (time.perf_counter() - t0) * 1000
+            records.append((t0 - start, took, status, snapshot))
+            if timing:
+                stages.append(server_timing(timing, took))
 
     await asyncio.gather(*(worker(c) for c in connections))
     elapsed = time.perf_counter() - start
@@ -134,8 +141,26 @@ async def _load(url: str, work: list[dict[str, Any]], seconds: float, concurrenc
         "max_ms": round(float(ms.max()), 2),
         "errors": failed, "statuses": statuses, "client_errors": errors,
         "requests_per_snapshot": per_snapshot,
+        "stages_ms": {name: {"p50": round(float(np.percentile(values, 50)), 2),
+                             "p99": round(float(np.percentile(values, 99)), 2),
+                             "mean": round(float(np.mean(values)), 2)}
+                      for name in (stages[0] if stages else {})
+                      if (values := [s[name] for s in stages if name in s])},
         "timeline": [(round(t, 3), round(m, 2), s, snap) for t, m, s, snap in records],
     }
+
+
+def server_timing(header: str, total_ms: float) -> dict[str, float]:
+    """An answer's Server-Timing (`wait;dur=1.2, search;dur=5.0, json;dur=0.3`) as ms per
+    stage, and `http`: what the client waited beyond them (the HTTP process's parsing,
+    validation and routing, both ways over loopback, and the client itself)."""
+    found = {}
+    for part in header.split(","):
+        name, _, duration = part.strip().partition(";dur=")
+        if name and duration:
+            found[name] = float(duration)
+    found["http"] = max(total_ms - sum(found.values()), 0.0)
+    return found
 
 
 def _window(timeline: list[list], start: float, end: float) -> dict[str, Any]:

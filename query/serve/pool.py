@@ -47,10 +47,12 @@ def _ready() -> str:
 
 
 def answer(retriever: Retriever | None, method: str, text: str, group_ids: list[str],
-           options: dict[str, Any]) -> tuple[str, bytes]:
+           options: dict[str, Any]) -> tuple[str, bytes, dict[str, float]]:
     """One search or context (None: this retrieval process's retriever): the run id of the
-    snapshot that answered and the JSON body. `options` are `Retriever.search`'s, plus
-    `bfs_hops` (a variant of the recipe) and, for context, `max_tokens`."""
+    snapshot that answered, the JSON body and the seconds of its two stages (`search`,
+    `json`: the context string or the JSON encoding). `options` are `Retriever.search`'s,
+    plus `bfs_hops` (a variant of the recipe) and, for context, `max_tokens`."""
+    started = time.perf_counter()
     retriever = retriever or _PROCESS_RETRIEVER
     assert retriever is not None, "not a retrieval process"
     options = dict(options)
@@ -59,10 +61,13 @@ def answer(retriever: Retriever | None, method: str, text: str, group_ids: list[
     if hops is not None:
         recipe = dataclasses.replace(recipe, bfs_hops=hops)
     result = retriever.search(text, group_ids, recipe=recipe, **options)
+    searched = time.perf_counter()
     content = (result.to_dict() if method == "search"
                else {"context": retriever.context_of(result, max_tokens)})
     assert result.run_id is not None
-    return result.run_id, json.dumps(content, ensure_ascii=False).encode()
+    body = json.dumps(content, ensure_ascii=False).encode()
+    return result.run_id, body, {"search": searched - started,
+                                 "json": time.perf_counter() - searched}
 
 
 class Workers:
@@ -93,13 +98,21 @@ class Workers:
             self.processes.shutdown(wait=True, cancel_futures=True)
 
     async def retrieve(self, retriever: Retriever | None, method: str, text: str,
-                       group_ids: list[str], options: dict[str, Any]) -> tuple[str, bytes]:
+                       group_ids: list[str], options: dict[str, Any]
+                       ) -> tuple[str, bytes, dict[str, float]]:
         """`answer` on a retrieval process (the next free one, so a slow request never
-        queues others), or on this process's threads with `retriever`."""
+        queues others), or on this process's threads with `retriever`; its stages' seconds
+        gain `wait`: the time from here to the answer beyond them (the queue for a free
+        process or thread, and the hand-over both ways)."""
+        started = time.perf_counter()
         if self.processes is not None:
-            return await self.run(answer, None, method, text, group_ids, options,
-                                  executor=self.processes)
-        return await self.run(answer, retriever, method, text, group_ids, options)
+            run_id, body, stages = await self.run(answer, None, method, text, group_ids,
+                                                  options, executor=self.processes)
+        else:
+            run_id, body, stages = await self.run(answer, retriever, method, text, group_ids,
+                                                  options)
+        stages["wait"] = max(time.perf_counter() - started - sum(stages.values()), 0.0)
+        return run_id, body, stages
 
     async def run(self, fn: Any, *args: Any, executor: Executor | None = None) -> Any:
         """`fn(*args)` on the threads (or `executor`), bounded in time and queue length."""
