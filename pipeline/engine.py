@@ -185,8 +185,52 @@ def union(ctx: RunContext, first: Dataset, *others: Dataset) -> Dataset:
     if not others:
         return first  # Ray plans a union of one dataset as an error (needs two children)
     if not all(policy(ctx).on_driver(ds) for ds in parts):
-        return first.union(*others)
+        return _union_on_ray(parts)
     return _gathered([block for ds in parts for block in _blocks(ds)])
+
+
+def _union_on_ray(parts: Sequence[Dataset]) -> Dataset:
+    """Ray Data's union of `parts`, its blocks in one schema: the blocks without rows are
+    dropped (Ray passes an empty block through a map unchanged, so it keeps the schema it had
+    before the map), and each remaining block is conformed to the union of every block's
+    schema, as the driver's `pa.concat_tables(promote_options="default")` does: a column a
+    block lacks is null there. Ray's union takes its parts' blocks as they are; the shuffle
+    after it then failed on blocks of two schemas (the 1,000,000-episode build's facts stage,
+    record statements with and without `tonight`)."""
+    present = [rows for ds in parts if (rows := nonempty(ds)) is not None]
+    if not present:
+        return empty_dataset()
+    schemas = [_block_schemas(ds) for ds in present]
+    target = pa.unify_schemas([s for each in schemas for s in each],
+                              promote_options="default")
+    conformed = [ds if all(s.equals(target) for s in each)
+                 else ds.map_batches(_promoted, batch_format="pyarrow", fn_args=(target,))
+                 for ds, each in zip(present, schemas, strict=True)]
+    return conformed[0] if len(conformed) == 1 else conformed[0].union(*conformed[1:])
+
+
+@ray.remote
+def _schema_of(block: pa.Table) -> pa.Schema:
+    return block.schema
+
+
+def _block_schemas(ds: MaterializedDataset) -> list[pa.Schema]:
+    """The distinct schemas of the blocks of `ds`: a bundle of one block carries its
+    block's; a bundle of several carries one of theirs, so each is asked (a task that
+    returns the schema, not the block)."""
+    found: list[pa.Schema] = []
+    for bundle in ds.iter_internal_ref_bundles():
+        if len(bundle.blocks) == 1 and isinstance(bundle.schema, pa.Schema):
+            schemas = [bundle.schema]
+        else:
+            schemas = ray.get([_schema_of.remote(ref) for ref in bundle.block_refs])
+        found += [s for s in schemas if not any(s.equals(f) for f in found)]
+    return found
+
+
+def _promoted(block: pa.Table, target: pa.Schema) -> pa.Table:
+    """`block` in `target`'s columns and types, a column it lacks null."""
+    return schema.conform(block, target)
 
 
 def partition(ctx: RunContext, ds: Dataset, keys: list[str]) -> Dataset:

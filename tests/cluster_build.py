@@ -8,10 +8,12 @@ one-CPU worker nodes (tests/ray_head.py), all on 127.0.0.1 with token authentica
 the README's nightly command with `ray job submit --working-dir <repository> -- python -m
 tkg.jobs.backfill` three times:
 
-1. `ray.address: null`, TKG_FAULT set: the driver dies when extraction (on the worker nodes'
-   actors) reaches chunk 1, chunk 0 kept; then worker node 0 is killed (its raylet, object
-   store, workers) and a fresh node joins;
-2. the same command and run id without the fault: resumes and publishes;
+1. `ray.address: null`, the driver path off (every shuffle, join, map and model on Ray Data),
+   TKG_FAULT set: the driver dies when extraction (on the worker nodes' actors) reaches
+   chunk 1, chunk 0 kept; then worker node 0 is killed (its raylet, object store, workers)
+   and a fresh node joins;
+2. the same command and run id without the fault: resumes and publishes; where its tasks and
+   actors ran is read from Ray's state API (`placement`);
 3. `ray.address: auto`, one later episode: an incremental run into the same store.
 
 It writes a JSON report (job statuses and logs, the work dir after the crash, seconds, nodes).
@@ -42,14 +44,18 @@ class ClusterChain:
     later_input: str
 
 
-def write_config(config, address: str | None, path: Path) -> str:
+def write_config(config, address: str | None, path: Path, ray_data: bool = False) -> str:
     """The test config as YAML, as a job reads it. Extraction on actors (driver_rows 0), so it
-    runs on the worker nodes, in chunks of 120 episodes (two for the input)."""
+    runs on the worker nodes, in chunks of 120 episodes (two for the input). `ray_data`: the
+    driver path off (ray.driver_mb 0 too), so every shuffle, join and map runs on Ray Data
+    across the worker nodes, as a night too big for the driver does."""
     import yaml
 
     data = config.model_dump(mode="json")
     data["ray"]["address"] = address
     data["ray"]["driver_rows"] = 0
+    if ray_data:
+        data["ray"]["driver_mb"] = 0
     data["extract"].update(chunk_rows=120, actors=2, batch_size=32)
     path.write_text(yaml.safe_dump(data))
     return str(path)
@@ -73,7 +79,7 @@ def run_chain(s3, s3_config, folder: Path) -> ClusterChain:
     with temp_dir() as temp:
         done = subprocess.run(
             [sys.executable, "-m", "tests.cluster_build",
-             "--config-null", write_config(s3_config, None, folder / "null.yaml"),
+             "--config-null", write_config(s3_config, None, folder / "null.yaml", ray_data=True),
              "--config-auto", write_config(s3_config, "auto", folder / "auto.yaml"),
              "--input", chain.inputs, "--later-input", chain.later_input,
              "--store", chain.store, "--report", str(report)],
@@ -103,6 +109,29 @@ def submit(dashboard: str, job_id: str, config: str, inputs: str, store: str, ru
             "status": str(client.get_job_status(job_id).value),
             "log": client.get_job_logs(job_id)[-6000:],
             "cli": (done.stdout + done.stderr)[-2000:]}
+
+
+def placement(dashboard: str, job_id: str, timeout: float = 60) -> dict:
+    """Where a finished job's work ran, from Ray's state API: the name, type and node of each
+    of its tasks and actors, and the head's node id. Workers report task events about once
+    a second, so this waits (bounded) until the job's tasks are listed."""
+    from ray.job_submission import JobSubmissionClient
+    from ray.util.state import list_actors, list_nodes, list_tasks
+
+    ray_job = JobSubmissionClient(dashboard).get_job_info(job_id).job_id
+    deadline = time.monotonic() + timeout
+    while True:
+        tasks = list_tasks(address=dashboard, filters=[("job_id", "=", ray_job)],
+                           limit=10_000, raise_on_missing_output=False)
+        if tasks or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    actors = list_actors(address=dashboard, filters=[("job_id", "=", ray_job)],
+                         limit=10_000, raise_on_missing_output=False)
+    return {"head": [n.node_id for n in list_nodes(address=dashboard) if n.is_head_node],
+            "tasks": [{"name": t.name, "type": str(t.type), "node_id": t.node_id}
+                      for t in tasks],
+            "actors": [{"class_name": a.class_name, "node_id": a.node_id} for a in actors]}
 
 
 def work_after_crash(store_dir: str) -> dict:
@@ -145,6 +174,7 @@ def main(argv: list[str]) -> int:
         report["replace_seconds"] = round(time.monotonic() - started, 1)
         report["nodes_after"] = cluster.alive_nodes()
         report["resumed"] = submit(cluster.dashboard, "tkg-resume", *nightly)
+        report["placement"] = placement(cluster.dashboard, "tkg-resume")
         report["auto"] = submit(cluster.dashboard, "tkg-auto", args.config_auto,
                                 args.later_input, args.store, LATER_RUN)
     Path(args.report).write_text(json.dumps(report))

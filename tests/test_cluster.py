@@ -46,3 +46,25 @@ def test_ray_job_submit_with_address_auto_publishes(cluster_chain, s3_config):
     manifest = store.read_manifest(store.current_snapshot(cluster_chain.store))
     assert manifest["inputs"] and all(f.startswith(cluster_chain.later_input)
                                       for f in manifest["inputs"])
+
+
+def _ran(placement: dict, *words: str) -> list[str]:
+    """The nodes of the job's tasks and actors whose name holds one of `words`."""
+    named = [(t["name"], t["node_id"]) for t in placement["tasks"]
+             if "DRIVER" not in t["type"]]
+    named += [(a["class_name"], a["node_id"]) for a in placement["actors"]]
+    return [node for name, node in named if any(word in name for word in words)]
+
+
+def test_the_resumed_build_ran_on_ray_data_on_the_worker_nodes(cluster_chain):
+    """The resumed job (driver path off) ran its extraction, embedding and shuffles as Ray
+    tasks and actors on the worker nodes, as Ray's state API lists them: none on the head,
+    none in the driver (work in the driver makes no task)."""
+    placement = cluster_chain.report["placement"]
+    head = set(placement["head"])
+    assert head and placement["tasks"]
+    for what, words in (("extraction", ("ExtractBatch",)), ("embedding", ("EmbedColumn",)),
+                        ("shuffle", ("HashShuffle", "Aggregator", "Join"))):
+        nodes = _ran(placement, *words)
+        assert nodes, f"no {what} task or actor: {sorted({t['name'] for t in placement['tasks']})}"
+        assert not head & set(nodes), f"{what} ran on the head"

@@ -163,3 +163,25 @@ def test_shuffle_together_with_one_part_that_has_rows(ctx):
                            ["group_id"], tag, lambda block: block)
     assert [(r["key"], r["side"]) for r in _rows(out)] == [("a", "full"), ("a", "full"),
                                                            ("b", "full")]
+
+
+def test_union_of_parts_whose_blocks_differ_in_schema(ctx):
+    """The million-episode failure: a union whose parts hold an empty block that kept its
+    pre-map schema (here with a clashing type) and blocks lacking a column the others have.
+    On either path it gives every row in one schema, the missing column null, and the
+    shuffle after it runs."""
+    from tkg.pipeline.engine import shuffle, union
+
+    clashing = pa.table({"group_id": pa.array([], pa.string()),
+                         "value": pa.array([], pa.string())})
+    tagged = _dataset(clashing, FULL).map_batches(_tag, batch_format="pyarrow")
+    untagged = _dataset(FULL.slice(2), NO_SCHEMA)
+    united = union(ctx, tagged, untagged)
+    assert _rows(united) == [
+        {"group_id": "g", "key": "a", "value": 1, "side": "new"},
+        {"group_id": "g", "key": "a", "value": 2, "side": "new"},
+        {"group_id": "h", "key": "b", "value": 3, "side": None},
+        {"group_id": "h", "key": "b", "value": 3, "side": "new"}]
+    out = shuffle(ctx, united, ["group_id", "key"], _count_per_key)
+    assert _rows(out) == [{"group_id": "g", "key": "a", "value_sum": 3},
+                          {"group_id": "h", "key": "b", "value_sum": 6}]
