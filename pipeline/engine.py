@@ -194,16 +194,20 @@ def _union_on_ray(parts: Sequence[Dataset]) -> Dataset:
     dropped (Ray passes an empty block through a map unchanged, so it keeps the schema it had
     before the map), and each remaining block is conformed to the union of every block's
     schema, as the driver's `pa.concat_tables(promote_options="default")` does: a column a
-    block lacks is null there. Ray's union takes its parts' blocks as they are; the shuffle
-    after it then failed on blocks of two schemas (the 1,000,000-episode build's facts stage,
-    record statements with and without `tonight`)."""
+    block lacks is null there (types are widened where the driver's would fail; blocks that
+    no one schema holds pass as they are). Ray's union takes its parts' blocks as they are;
+    the shuffle after it then failed on blocks of two schemas (the 1,000,000-episode build's
+    facts stage, record statements with and without `tonight`)."""
     present = [rows for ds in parts if (rows := nonempty(ds)) is not None]
     if not present:
         return empty_dataset()
     schemas = [_block_schemas(ds) for ds in present]
-    target = pa.unify_schemas([s for each in schemas for s in each],
-                              promote_options="default")
-    conformed = [ds if all(s.equals(target) for s in each)
+    try:
+        target = pa.unify_schemas([s for each in schemas for s in each],
+                                  promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # no one schema: the blocks as they are
+        target = None
+    conformed = [ds if target is None or all(s.equals(target) for s in each)
                  else ds.map_batches(_promoted, batch_format="pyarrow", fn_args=(target,))
                  for ds, each in zip(present, schemas, strict=True)]
     return conformed[0] if len(conformed) == 1 else conformed[0].union(*conformed[1:])
