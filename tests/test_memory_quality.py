@@ -160,7 +160,7 @@ def test_titles_are_exclusive_per_employer():
 def test_facts_from_one_sentence_carry_only_their_own_text(extractor):
     edges = story(extractor, [(day(2, 5), "I live in Seattle with my partner Jenna.")])
     home = only(edges, "LIVES_IN", "Seattle")
-    partner = only(edges, "LIVE_WITH", "partner")
+    partner = only(edges, "LIVE_WITH_PARTNER", "Jenna")  # the name, not "partner" (issue 25)
     assert home["fact"] == "Marcus Bell lives in Seattle."
     assert partner["fact"] == "Marcus Bell lives with their partner Jenna."
 

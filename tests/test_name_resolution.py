@@ -216,8 +216,8 @@ def _turn(number: int, speaker: str, content: str, group: str = "show") -> dict:
 SHOW = (
     _turn(1, "Stephen Dubner", "Today my guest is Tania Tetlow, the president of Fordham "
           "University."),
-    # (a sentence-initial bare "Tetlow" is no entity of today's spaCy path: "Ms." keeps it)
-    _turn(2, "Stephen Dubner", "Ms. Tetlow taught law at Tulane before she came to Fordham."),
+    # a sentence-initial bare surname (spaCy: a common noun), a name as turn 1 writes it
+    _turn(2, "Stephen Dubner", "Tetlow taught law at Tulane before she came to Fordham."),
     _turn(3, "Tania Tetlow", "I loved teaching at Tulane."),
     _turn(4, "Melanie", "Yesterday I filed Ticket T-23 about the projector."),
     _turn(5, "Stephen Dubner", "Steven here again: Fordham is in the Bronx."),

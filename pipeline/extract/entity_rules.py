@@ -15,6 +15,8 @@ conversation 0.829 -> 0.062 (0.0).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -33,6 +35,10 @@ GREETINGS = {"hi", "hello", "hey", "heya", "hiya", "thanks", "thank", "thx", "de
 BREAKS = {",", ";", ":", "!", "?", "—", "–", "(", ")", '"'}
 # How an addressed name hangs in a parse: a bare noun phrase beside the clause.
 ADDRESS_DEPS = {"npadvmod", "intj", "ROOT", "dep", "nsubj", "attr", "appos"}
+# A capitalized word after a lower-case word: written as a name, not as a sentence start
+# (after a comma chat starts sentences too: "Wow, It's ...").
+WRITTEN_NAME = re.compile(r"(?<=[a-z0-9] )[A-Z][a-z]+(?:-[A-Z][a-z]+)?\b")
+WRITTEN_NAMES = "written_names"  # the doc's user data key
 # Prepositions of time: what follows them is an event or a period, never a person
 # ("especially after Covid", "during Katrina").
 TIME_PREPOSITIONS = {"during", "after", "before", "since", "throughout", "amid", "until"}
@@ -66,14 +72,37 @@ def _sentence_start(token: Token) -> bool:
     return token.i <= first.i
 
 
+def written_names(texts: Iterable[str]) -> frozenset[str]:
+    """The words that `texts` (an episode and its context lines, `speaker: content`) write
+    as names: capitalized where no sentence starts (after a lower-case word), and the words
+    of the speakers' names. spaCy's small model tags a sentence-initial surname a common
+    noun ("Tetlow taught at Tulane"); the same word written as a name nearby says it is one."""
+    found: set[str] = set()
+    for text in texts:
+        speaker, sep, _ = text.partition(": ")
+        if sep and 0 < len(speaker.split()) <= 4 and all(w[:1].isupper() for w in speaker.split()):
+            found.update(speaker.split())
+        found.update(WRITTEN_NAME.findall(text))
+    return frozenset(found - {"I"})
+
+
+def is_written_name(token: Token) -> bool:
+    """A noun the episode or its context writes as a name elsewhere (`written_names`, kept
+    in the doc's user data by the extractor)."""
+    return token.pos_ in ("NOUN", "PROPN") and token.text in token.doc.user_data.get(
+        WRITTEN_NAMES, ())
+
+
 def _capitalized_name(token: Token) -> bool:
     """A word written as a name: a capital letter where the sentence does not start (or a
-    proper noun tag where it does), never the pronoun "I" or an adjective."""
+    proper noun tag, or the same word written as a name nearby, where it does), never the
+    pronoun "I" or an adjective."""
     if token.pos_ in ("ADJ", "PRON", "DET", "ADP", "VERB", "AUX", "INTJ", "ADV"):
         return False
     if not any(c.isupper() for c in token.text) or token.text == "I":
         return False
-    return not _sentence_start(token) or token.pos_ == "PROPN" or token.ent_type_ in NAMED_NER
+    return (not _sentence_start(token) or token.pos_ == "PROPN"
+            or token.ent_type_ in NAMED_NER or is_written_name(token))
 
 
 def _code(token: Token, previous: Token | None) -> bool:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tkg.pipeline.extract.entity_rules import GREETINGS
+from tkg.pipeline.extract.entity_rules import GREETINGS, is_written_name
 
 if TYPE_CHECKING:
     from spacy.tokens import Doc, Token
@@ -53,10 +53,12 @@ GREETING_WORDS = GREETINGS | {"wow", "well", "yes", "yeah", "yep", "no", "nope",
 
 @dataclass(frozen=True)
 class Voices:
-    """Who "I" and "you" are in a message: its speaker and the last other speaker."""
+    """Who "I" and "you" are in a message: its speaker and the last other speaker; and
+    every speaker of its window (`speakers`), people whatever NER calls them."""
 
     speaker: str | None
     addressee: str | None = None
+    speakers: frozenset[str] = frozenset()
 
 
 def addressee_of(speaker: str | None, context: Sequence[str]) -> str | None:
@@ -72,16 +74,27 @@ def addressee_of(speaker: str | None, context: Sequence[str]) -> str | None:
     return None
 
 
+def window_speakers(speaker: str | None, context: Sequence[str]) -> frozenset[str]:
+    """The speaker and the speakers of the window's context lines (`speaker: content`)."""
+    names = {line.partition(":")[0].strip() for line in context if ":" in line}
+    return frozenset(n for n in {*names, speaker} if n and len(n.split()) <= 4)
+
+
 def is_vocative(token: Token) -> bool:
     """A name that addresses someone rather than says who acts ("Hey Caroline, I've had
     ..."): after a greeting, or set off by a comma before another subject of its verb."""
-    if token.pos_ != "PROPN":
+    if token.pos_ != "PROPN" and not is_written_name(token):  # "Caroline, those lessons ..."
         return False
     start = token.left_edge.i
     before = token.doc[start - 1] if start > 0 else None
     after = token.doc[token.right_edge.i + 1] if token.right_edge.i + 1 < len(token.doc) else None
     greeted = before is not None and (before.lower_ in GREETING_WORDS or before.pos_ == "INTJ")
-    if greeted:
+    following = token.doc[token.i + 2] if token.i + 2 < len(token.doc) else None
+    opening = following is not None and start == token.sent.start and (
+        token.doc[token.i + 1].text == "," and following.pos_ != "PROPN"
+        and not token.conjuncts)
+    # "Caroline, those lessons are great" (not "Alice Walker, Mark Walker and ... moved")
+    if greeted or opening:
         return True
     others = [c for c in token.head.children
               if c.dep_ in ("nsubj", "nsubjpass") and c.i > token.i]
@@ -160,7 +173,9 @@ def fact_indices(verb: Token, subject: Token, target: Token, others: Iterable[in
     hold the verb's other objects (`others`: their token ids), the path down to the object
     and the object's own phrase with its complement ("a fun way to express ...")."""
     other = set(others)
-    keep = set(phrase(subject))
+    said = subject.head if subject.dep_ in ("appos", "compound", "nmod") and (
+        subject.head.pos_ == "NOUN" and subject.i in phrase(subject.head)) else subject
+    keep = set(phrase(said))  # a name with the noun it is said with: "John's colleague Rob"
     direct = any(c.dep_ in DIRECT_DEPS and target.i in {t.i for t in c.subtree}
                  for c in verb.children)
     head = verb  # a subject shared from a governing verb ("began working at") keeps it

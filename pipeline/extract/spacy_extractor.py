@@ -27,9 +27,12 @@ from tkg.pipeline.extract.base import (
 from tkg.pipeline.extract.dates import marks_end, resolve_date
 from tkg.pipeline.extract.entity_rules import (
     NAMED_NER,
+    WRITTEN_NAMES,
     after_time_preposition,
     is_specific,
+    is_written_name,
     name_tokens,
+    written_names,
 )
 from tkg.pipeline.extract.entity_rules import is_vocative as is_address
 from tkg.pipeline.extract.fact_rules import (
@@ -46,6 +49,7 @@ from tkg.pipeline.extract.fact_rules import (
     topic,
     unresolved,
     unstated,
+    window_speakers,
 )
 from tkg.pipeline.facts import RelationClassifier, relation_class
 from tkg.pipeline.ontology import Ontology
@@ -67,6 +71,8 @@ BOSS_RELATION = "REPORTS_TO"  # the records' word for the one a person works for
 MIN_STATEMENT_WORDS = 4
 # People a rule cannot name: a claim about them is not its speaker's.
 THIRD_PERSONS = {"he", "she", "they", "him", "her", "them"}
+# Endings that say nothing of what ends ("left", "quit"): of a kind of thing, a membership.
+LEAVING = {"LEFT", "LEAVE", "QUIT"}
 
 
 def _import_spacy():
@@ -126,7 +132,9 @@ class SpacyExtractor:
                                             self.config.records)
         texts = [(episodes[index].content, index) for index in model]
         for doc, index in self.nlp.pipe(texts, as_tuples=True, batch_size=64):
-            results[index] = guarded(self._from_doc, doc, episodes[index])
+            episode = episodes[index]
+            doc.user_data[WRITTEN_NAMES] = written_names((episode.content, *episode.context))
+            results[index] = guarded(self._from_doc, doc, episode)
         return [r if r is not None else Extraction() for r in results]
 
     # --- text and messages ------------------------------------------------------------
@@ -160,8 +168,8 @@ class SpacyExtractor:
                 label, strong = named.get(name, (self._label_for(name, spans, speaker), False))
                 if name == speaker:
                     label, strong = "Person", True
-                elif name in unnamed:  # a common noun takes no type from its relation
-                    label, strong = "Concept", True
+                elif not self._listable(name, named, unnamed, speaker):
+                    label, strong = "Concept", True  # a common noun: no type from its relation
                 out.add_entity(name, self.ontology.endpoint(fact.relation, role, label, strong))
             out.facts.append(fact)
         for name, (label, _) in named.items():
@@ -267,8 +275,8 @@ class SpacyExtractor:
             head = head.head
             subjects = [c for c in head.children
                         if c.dep_ in SUBJECT_DEPS and not is_vocative(c)]
-        return [s for subject in subjects for s in (subject, *subject.conjuncts)
-                if not unresolved(s)]
+        return [n for subject in subjects for s in (subject, *subject.conjuncts)
+                if not unresolved(s) for n in (_named_by(s) or [s])]
 
     def _objects(self, verb: Token) -> list[tuple[Token, tuple[str, ...]]]:
         """(object token, relation words) pairs of a verb, conjuncts included. A particle
@@ -296,11 +304,12 @@ class SpacyExtractor:
                     p.pos_ == "PROPN" for p in named):
                 frame = child  # "started my new job at Contoso": START_JOB_AT Contoso only
             else:
-                found.extend((o, verb_words) for o in _items(child))
+                found.extend(pair for o in _items(child) for pair in _by_name(o, verb_words))
             found.extend(inner)
         framing = (frame.lemma_.lower(),) if frame is not None else ()
         for pobj, words in preps:
-            found.extend((o, (*verb_words, *framing, *words)) for o in (pobj, *pobj.conjuncts))
+            found.extend(pair for o in (pobj, *pobj.conjuncts)
+                         for pair in _by_name(o, (*verb_words, *framing, *words)))
         return found
 
     @staticmethod
@@ -320,7 +329,8 @@ class SpacyExtractor:
                episode: EpisodeInput) -> list[ExtractedFact]:
         """The message's facts: one per claim and object, then one for each claim with no
         object fact that still states something (`_statement`); one fact per text."""
-        voices = Voices(speaker, addressee_of(speaker, episode.context))
+        voices = Voices(speaker, addressee_of(speaker, episode.context),
+                        window_speakers(speaker, episode.context))
         found: list[ExtractedFact] = []
         claimed: set[int] = set()
         for verb in doc:
@@ -358,7 +368,9 @@ class SpacyExtractor:
         for token, words, target in objects:
             label = spans[token.i][1] if token.i in spans else self._label_for(
                 target, spans, voices.speaker)
-            relation = self._relation(negation, words, token, label)
+            person = label == "Person" and (len(target.split()) > 1
+                                            or target in voices.speakers)
+            relation = self._relation(negation, words, token, label, person)
             if _prospective(verb) and relation_class(relation, self.config.facts)[1] is (
                     self.config.facts.ending):
                 relation = relation_name("PLAN", relation)  # "I am leaving X in May"
@@ -381,7 +393,7 @@ class SpacyExtractor:
         entity span's words or its own with the names set beside it ("my partner Jenna")."""
         own = list(spans[token.i][0]) if token.i in spans else [token]
         beside = [t for c in token.children if c.dep_ in ("compound", "appos", "flat", "nmod")
-                  for t in c.subtree]
+                  and not (c.dep_ == "appos" and _vocative_apposition(c)) for t in c.subtree]
         return is_specific(own) or is_specific(beside)
 
     def _anchored(self, source: str, subject: Token | None, target: str, obj: Token,
@@ -395,27 +407,60 @@ class SpacyExtractor:
         object). Measured by `tkg bench graph`'s generic-noun share and observation recall."""
         people = {voices.speaker, voices.addressee} - {None}
         if subject is not None and source not in people and not self._specific(subject, spans):
-            if not voices.speaker:
-                return source, target, relation  # a document's generic subject: as said
+            if not voices.speaker:  # a document's: about its object, if that is a name
+                if not self._specific(obj, spans):
+                    return None  # "The root cause was an expired credential": the text says it
+                return target, target, relation_name(*object_words(subject), relation)
             source = voices.speaker
         if target == source:
             return None
-        classed = relation_class(relation, self.config.facts)[1] is not None
-        if target in people or classed or self._specific(obj, spans):
+        if target in people or self._specific(obj, spans):
             return source, target, relation
-        return source, source, relation_name(relation, *object_words(obj))
+        folded = self._folded(relation, object_words(obj))
+        if folded is None:  # a value of one at a time, named whole: "head of procurement"
+            return source, _with_complement(target, obj), relation
+        return source, source, folded
+
+    def _folded(self, relation: str, words: tuple[str, ...]) -> str | None:
+        """The relation of a claim about a kind of thing, its words in it ("joined a chess
+        club": MEMBER_OF_CHESS_CLUB, "created a daily schedule": CREATE_DAILY_SCHEDULE), or
+        None where the object must stay a node: a class of one value at a time (a job, a
+        home, a school, a role) is ended by a newer value or an ending of that object. A
+        membership is one of many, and leaving a kind of thing ends a membership ("left the
+        activist group", "can't volunteer at the shelter anymore": NO_LONGER_MEMBER_OF_
+        ACTIVIST_GROUP, which ends MEMBER_OF_ACTIVIST_GROUP by `facts.ending_prefix`): a
+        job one leaves is named (of the endings on LoCoMo and the corpus, 2 leave a kind of
+        thing: "left the activist group", "left class early"); an ending that says what it
+        ends ("moved out of", "graduated from") keeps its object."""
+        facts = self.config.facts
+        ending = relation.startswith(facts.ending_prefix)
+        _, cls, negated = relation_class(relation.removeprefix(facts.ending_prefix), facts)
+        if cls is facts.ending:
+            if relation not in LEAVING:
+                return None  # "moved out of the city", "graduated from the school"
+            ending, negated = True, False
+            cls = relation_class(MEMBERSHIP_RELATION, facts)[1]
+        if cls is None:
+            return relation_name(relation, *words)
+        if cls.exclusive:
+            return None
+        prefix = facts.ending_prefix if ending else facts.negation_prefix if negated else ""
+        return prefix + relation_name(cls.relation, *words)
 
     def _relation(self, negation: str, words: tuple[str, ...], target: Token,
-                  label: str) -> str:
+                  label: str, person: bool) -> str:
         """The relation of a phrase: its class's by synonym or meaning, where it fits: joining
         a group or a programme (a common noun) is membership, not a job, and a person one works
-        for is a boss (REPORTS_TO), not an employer."""
+        for, or one known as a person (`person`: a full name, a speaker of the window: "would
+        love to join Audrey"), is no employer (REPORTS_TO); a lone name NER alone calls a
+        person ("I joined Contoso") is one: the class's target type types it
+        (`Ontology.endpoint`)."""
         relation = self.classifier.relation(relation_name(negation, *words), words, label)
         _, cls, _ = relation_class(relation, self.config.facts)
         employment = next((c for c in self.config.facts.relation_classes
                            if c.name == "employment"), None)
         if cls is not None and cls is employment:
-            if label == "Person":  # "I work for Bob": a boss, not an employer
+            if label == "Person" and (words[-1] == "for" or person):
                 return relation_name(negation, BOSS_RELATION)
             if words[0] == "join" and target.pos_ == "NOUN":  # "joined an activist group"
                 return relation_name(negation, MEMBERSHIP_RELATION)
@@ -439,11 +484,16 @@ class SpacyExtractor:
         if subject is None and not (speaker and _said_of_speaker(head)):
             return None
         proper = subject is not None and named is not None and (
-            subject.pos_ == "PROPN" or subject.lower_ in FIRST_PERSON)
+            subject.pos_ == "PROPN" or subject.lower_ in FIRST_PERSON
+            or is_written_name(subject))
+        if not speaker and not proper and (subject is None or not self._specific(subject, spans)):
+            return None  # a document's claim about a kind of thing: no entity holds it
         source = named if proper or not speaker else speaker
         if not source:
             return None
         exclude = {t.i for t in subject.subtree} if proper and subject is not None else set()
+        if proper and subject is not None and subject.dep_ in ("appos", "compound", "nmod"):
+            exclude.add(subject.head.i)  # the noun the name stood for ("the Nike deals")
         found = topic(head, indices, exclude)
         target = self._argument(found, spans, voices) if found is not None else None
         if not target or target == source or found is None:
@@ -527,6 +577,54 @@ def _items(token: Token) -> list[Token]:
     return [token, *token.conjuncts, *beside]
 
 
+def _with_complement(name: str, token: Token) -> str:
+    """A common noun's name with the "of" phrase that completes it ("the head of
+    procurement" is no head), when that phrase names no entity of its own."""
+    of = next((c for c in token.children if c.dep_ == "prep" and c.lower_ == "of"), None)
+    pobj = next((c for c in of.children if c.dep_ == "pobj"), None) if of else None
+    if pobj is None or pobj.pos_ != "NOUN":
+        return name
+    words = [t.text for t in pobj.subtree if t.dep_ not in ("det", "poss", "punct")
+             and t.i <= pobj.i]
+    return f"{name} of {' '.join(words)}"
+
+
+def _vocative_apposition(token: Token) -> bool:
+    """A name set beside a noun only to address someone: after a comma, at the end of its
+    sentence ("I'll take the bet, James!", "Your support means a lot, Maria.")."""
+    doc = token.doc
+    before = doc[token.left_edge.i - 1] if token.left_edge.i > 0 else None
+    after = doc[token.i + 1] if token.i + 1 < len(doc) else None
+    return before is not None and before.text == "," and (
+        after is None or after.text in {"!", "?", ".", "…"} or after.is_sent_start)
+
+
+def _named_by(token: Token) -> list[Token]:
+    """The names a common noun stands for: a proper noun set beside it ("my partner Jenna",
+    "this amazing woman, Jean, who ...") with the names listed with it ("my friends Josh and
+    Mark"), or the proper nouns that qualify it in a list ("the Initech and Globex
+    accounts"); none for a vocative ("the bet, James!") or a name that is already one
+    thing with the noun ("the Globex order": a named thing, `_named_thing`)."""
+    if token.pos_ != "NOUN":
+        return []
+    beside = [c for c in token.children if c.dep_ == "appos" and c.pos_ == "PROPN"
+              and not _vocative_apposition(c)]
+    if beside:
+        return [beside[0], *(c for c in beside[0].conjuncts if c.pos_ in ("PROPN", "PRON"))]
+    listed = [c for c in token.children if c.dep_ in ("compound", "nmod") and c.pos_ == "PROPN"
+              and any(g.dep_ == "conj" and g.pos_ == "PROPN" for g in c.children)]
+    return [listed[0], *listed[0].conjuncts] if listed else []
+
+
+def _by_name(token: Token, words: tuple[str, ...]) -> list[tuple[Token, tuple[str, ...]]]:
+    """An object as the names it stands for (`_named_by`), its noun joining the relation
+    words ("lives with my partner Jenna": LIVE_WITH_PARTNER Jenna); else itself."""
+    names = _named_by(token)
+    if not names:
+        return [(token, words)]
+    return [(name, (*words, token.lemma_.lower())) for name in names]
+
+
 def _person_of(subject: Token, name: str) -> str | None:
     """`name` when the subject is the speaker or the addressee ("I", "we", "you")."""
     return name if subject.lower_ in FIRST_PERSON | {"you"} else None
@@ -554,13 +652,16 @@ def _with_speaker(text: str, head: Token, speaker: str) -> str:
     still working on X")."""
     auxiliaries = [c for c in head.children if c.dep_ in ("aux", "auxpass")]
     verb = " is" if head.tag_ == "VBG" and not auxiliaries else ""
-    first = head.doc[min(t.i for t in head.subtree)]
+    opening = text.split(" ", 1)[0]  # the claim's first word (an aside before it is cut)
+    first = next((t for t in head.subtree if t.lower_ == opening.lower()),
+                 head.doc[min(t.i for t in head.subtree)])
     return f"{speaker}{verb} {_lower_first(text, first)}"
 
 
 def _lower_first(text: str, first: Token) -> str:
     """`text` with its first letter lower case, unless it starts a name or "I"."""
-    if first.pos_ == "PROPN" or not text or not text.lower().startswith(first.lower_):
+    if first.pos_ == "PROPN" or is_written_name(first) or not text or not (
+            text.lower().startswith(first.lower_)):
         return text  # a name, or a pronoun already made one ("Your" -> "Nate's")
     return text[0].lower() + text[1:]
 
