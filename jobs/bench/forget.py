@@ -10,6 +10,7 @@ build's recorded seconds): a build of 20,000 episodes is most of the benchmark's
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import shutil
@@ -45,12 +46,12 @@ def conversations_to_forget(records: list[dict], share: float) -> list[tuple[str
 
 def _built(config: Any, records: list[dict], root: Path) -> tuple[Path, dict[str, Any]]:
     """The built store under `root` and its full build's figures: built now, or reused from
-    an earlier run of the same size and seed."""
+    an earlier run of the same input (its digest is kept with the figures)."""
     from tkg.pipeline.build import build
 
     store_dir, marker = root / "store", root / BUILT
-    key = {"episodes": len(records), "first": records[0]["id"] if records else None,
-           "last": records[-1]["id"] if records else None}
+    key = {"episodes": len(records), "input": hashlib.sha256(
+        json.dumps(records, sort_keys=True).encode()).hexdigest()}
     if marker.is_file() and json.loads(marker.read_text()).get("key") == key:
         return store_dir, json.loads(marker.read_text())
     shutil.rmtree(store_dir, ignore_errors=True)
