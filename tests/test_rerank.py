@@ -174,6 +174,43 @@ def test_turn_window_ties_keep_the_input_order():
             ] == ["a", "b", "c"]
 
 
+def _turn_window_by_key(hits, adjacent, before, after):
+    """turn_window as it was written before it ran over arrays (a loop over keys)."""
+    own = dict(hits)
+    scored = {}
+    for key, _ in hits:
+        for near in (key, *(n for n in adjacent.get(key, (None, None)) if n is not None)):
+            if near in scored:
+                continue
+            previous, following = adjacent.get(near, (None, None))
+            scored[near] = max(own.get(near, 0.0),
+                               before * own.get(previous, 0.0) if previous is not None else 0.0,
+                               after * own.get(following, 0.0) if following is not None else 0.0)
+    return sorted(scored.items(), key=lambda item: -item[1])
+
+
+def test_window_rows_over_arrays_is_turn_window():
+    """The search's form (rows, numpy neighbours) ranks as the per-key loop it replaced:
+    random turns in conversations of 5, a hit listed twice keeps its last score, ties keep
+    the input order; the keyed form too."""
+    rng = np.random.default_rng(7)
+    rows = np.arange(60)
+    previous = np.where(rows % 5 == 0, -1, rows - 1)
+    following = np.where(rows % 5 == 4, -1, rows + 1)
+    adjacent = {int(r): (None if p < 0 else int(p), None if f < 0 else int(f))
+                for r, p, f in zip(rows, previous, following, strict=True)}
+    for _ in range(20):
+        hits = rng.choice(60, 15).tolist()
+        scores = rng.choice([0.2, 0.5, 1.0], 15).tolist()
+        keyed = _turn_window_by_key(list(zip(hits, scores, strict=True)), adjacent, 0.6, 0.3)
+        assert rerank.turn_window(list(zip(hits, scores, strict=True)), adjacent, 0.6,
+                                  0.3) == keyed
+        found, values = rerank.window_rows(np.array(hits), scores,
+                                           lambda r: (previous[r], following[r]), 0.6, 0.3)
+        assert [k for k, _ in keyed] == found.tolist()
+        assert [v for _, v in keyed] == values.tolist()
+
+
 def test_boost_multiplies_and_reorders_stably():
     hits = [("a", 4.0), ("b", 3.0), ("c", 2.0), ("d", 1.0)]
     assert rerank.boost(hits, [1.0, 1.0, 1.0, 3.0]) == [

@@ -88,6 +88,9 @@ def test_search_and_context_never_cross_tenants(served, corpus_db, expected, ten
         response = client.post("/search", json={"query": text, "group_ids": [tenant],
                                                  "limit": 10}, headers=auth(key))
         assert response.status_code == 200, response.text
+        timing = dict(part.strip().split(";dur=")
+                      for part in response.headers["server-timing"].split(","))
+        assert set(timing) == {"search", "json", "wait"} and float(timing["search"]) > 0
         body = response.json()
         assert set(body) == {"facts", "entities", "communities", "episodes", "warnings"}
         assert body["warnings"] == []
