@@ -36,8 +36,18 @@ def test_bench_query_figures_describe_the_store_it_timed(tmp_path):
     assert first["reused_store"] is False and first["queries"] == 30
 
     written = (workdir / "snapshots" / "bench-1" / "manifest.json").stat().st_mtime_ns
-    again = _bench_query(*flags, "--reuse")
+    from tkg.query import candidates, methods
+
+    stage_functions = (candidates.hydrate, candidates.start, methods.exact_cosine)
+    again = _bench_query(*flags, "--reuse", "--profile", "10")
     assert again["reused_store"] is True and again["generate_s"] == 0.0
+    # the stage profile: the stages a default search goes through, each timed, and the
+    # stage functions given back unwrapped afterwards
+    stages = again["profile_ms"]
+    assert {"cosine, in memory", "BM25, in memory", "bfs (graph expansion)", "hydration",
+            "episode scoring (turn windows, provenance, speakers, time)"} <= set(stages)
+    assert 0 < stages["hydration"] < stages["search total"]
+    assert (candidates.hydrate, candidates.start, methods.exact_cosine) == stage_functions
     assert (workdir / "snapshots" / "bench-1" / "manifest.json").stat().st_mtime_ns == written
     assert {kind: again[kind] for kind in kinds} == stored
     assert again["facts_per_query"] == QueryConfig().limit
