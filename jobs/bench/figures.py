@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,6 +14,23 @@ def report(figures: dict[str, Any], as_json: bool,
     if as_json:
         print(json.dumps(figures, default=str))
     else:
+        print_table(figures)
+    return 0
+
+
+def report_ray_bench(run: Callable[[], dict[str, Any]], as_json: bool,
+                     print_table: Callable[[dict[str, Any]], None]) -> int:
+    """`report` for a bench that starts Ray: under `--json`, whatever Ray's processes write
+    to fd 1 (a raylet warning once came before the object) goes to stderr, so stdout holds
+    the one JSON object."""
+    from tkg.jobs.build_output import terminal
+
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+    with terminal(None, as_json) as (out, _):
+        figures = run()
+        if as_json:
+            print(json.dumps(figures, default=str), file=out)
+    if not as_json:
         print_table(figures)
     return 0
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import logging
 import shutil
 import tempfile
 import time
@@ -20,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tkg.jobs.bench.figures import print_figures
+from tkg.jobs.bench.figures import print_figures, report_ray_bench
 from tkg.jobs.bench.incremental import _run_rows
 from tkg.jobs.bench.synth import generate_episodes, write_jsonl
 
@@ -151,16 +150,9 @@ def add_command(benches: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from tkg.jobs.build_output import terminal
-
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    # Under --json the one object is stdout's alone (Ray's raylet warnings go to stderr).
-    with terminal(None, args.json) as (out, _):
-        figures = bench_forget(args.episodes, args.share, config_path=args.config,
-                               seed=args.seed, groups=args.groups, workdir=args.workdir)
-        if args.json:
-            print(json.dumps(figures, default=str), file=out)
-    if not args.json:
-        print_figures(f"tkg bench forget: {figures['forgotten_episodes']:,} of "
-                      f"{figures['episodes']:,} episodes", figures)
-    return 0
+    return report_ray_bench(
+        lambda: bench_forget(args.episodes, args.share, config_path=args.config,
+                             seed=args.seed, groups=args.groups, workdir=args.workdir),
+        args.json,
+        lambda figures: print_figures(f"tkg bench forget: {figures['forgotten_episodes']:,} of "
+                                      f"{figures['episodes']:,} episodes", figures))

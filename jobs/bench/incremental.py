@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from tkg.jobs.bench.figures import print_figures
+from tkg.jobs.bench.figures import print_figures, report_ray_bench
 from tkg.jobs.bench.synth import generate_episodes, write_jsonl
 
 # Counted by the stages for every row they read from the previous snapshot.
@@ -85,17 +84,9 @@ def add_command(benches: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from tkg.jobs.build_output import terminal
-
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    # Under --json, whatever Ray's processes write to fd 1 (a raylet warning once came
-    # before the object) goes to stderr: stdout holds the one JSON object.
-    with terminal(None, args.json) as (out, _):
-        figures = bench_incremental(args.episodes, args.new, config_path=args.config,
-                                    seed=args.seed, groups=args.groups, workdir=args.workdir)
-        if args.json:
-            print(json.dumps(figures), file=out)
-    if not args.json:
-        print_figures(f"tkg bench incremental: {figures['episodes']:,} + {figures['new']:,} "
-                      "episodes", figures)
-    return 0
+    return report_ray_bench(
+        lambda: bench_incremental(args.episodes, args.new, config_path=args.config,
+                                  seed=args.seed, groups=args.groups, workdir=args.workdir),
+        args.json,
+        lambda figures: print_figures(f"tkg bench incremental: {figures['episodes']:,} + "
+                                      f"{figures['new']:,} episodes", figures))

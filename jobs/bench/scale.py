@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from tkg.jobs.bench.figures import report
+from tkg.jobs.bench.figures import report_ray_bench
 
 PATHS = ("driver", "ray_data")
 SAMPLE_SECONDS = 0.5
@@ -201,17 +200,9 @@ def add_command(benches: argparse._SubParsersAction) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from tkg.jobs.build_output import terminal
-
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
     paths = PATHS if args.path == "both" else (args.path,)
-    # Under --json, stdout holds the one object (Ray's raylet warnings go to stderr).
-    with terminal(None, args.json) as (out, _):
-        figures = bench_scale(args.episodes, paths=paths, embed=args.embed,
-                              extract=args.extract, config_path=args.config, seed=args.seed,
-                              groups=args.groups, workdir=args.workdir)
-        if args.json:
-            print(json.dumps(figures), file=out)
-    if not args.json:
-        report(figures, False, print_bench)
-    return 0
+    return report_ray_bench(
+        lambda: bench_scale(args.episodes, paths=paths, embed=args.embed,
+                            extract=args.extract, config_path=args.config, seed=args.seed,
+                            groups=args.groups, workdir=args.workdir),
+        args.json, print_bench)
