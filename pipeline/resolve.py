@@ -47,7 +47,9 @@ def normalize_name(name: str) -> str:
 
 
 def mention_rows(extractions: pa.Table) -> pa.Table:
-    """One row per (episode, extracted entity), with the resolution key."""
+    """One row per (episode, extracted entity), with the resolution key: its normalized
+    name, or a business record's normalized key name (`record_key`: two records called
+    alike are two name nodes, its name meets other names in `blocking_keys`)."""
     entities = extractions["entities"]
     flat = pc.list_flatten(entities)
     parents = pc.list_parent_indices(entities)
@@ -55,14 +57,19 @@ def mention_rows(extractions: pa.Table) -> pa.Table:
         return MENTION_ROWS.empty_table()
     names = pc.struct_field(flat, "name")
     normal = {n: normalize_name(n or "") for n in pc.unique(names).to_pylist()}
+    normalized = [normal[n] for n in names.to_pylist()]
+    attributes = pc.struct_field(flat, "attributes")
+    keyed = pc.fill_null(pc.match_substring(attributes, f'"{RECORD_ATTRIBUTE}"'), False)
+    for row in np.flatnonzero(keyed.to_numpy(zero_copy_only=False)):
+        normalized[row] = record_key(attributes[int(row)].as_py()) or normalized[row]
     table = pa.table({
         "group_id": pc.take(extractions["group_id"], parents),
         "episode_id": pc.take(extractions["episode_id"], parents),
         "valid_at": pc.take(extractions["valid_at"], parents),
         "name": names,
         "label": pc.struct_field(flat, "label"),
-        "attributes": pc.struct_field(flat, "attributes"),
-        "normalized": pa.array([normal[n] for n in names.to_pylist()], pa.string()),
+        "attributes": attributes,
+        "normalized": pa.array(normalized, pa.string()),
     }, schema=MENTION_ROWS)
     return table.filter(pc.not_equal(table["normalized"], ""))
 
@@ -360,9 +367,8 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
     `c:` the order-free core name (legal forms, honorifics, abbreviations, word order),
     `d:` the core and its one-letter deletions (spelling variants), `s:` and `n:` a short
     name and the full names it can stand for (`name_parts`), `e<band>:` SimHash bands of the
-    name vector (which travels, as int8, only with these keys), `r:` the key name of the
-    business record a name stands for (`Nancy Edwards` and the `Employee 2` other records
-    point at)."""
+    name vector (which travels, as int8, only with these keys). A business record's node
+    (its key name, `mention_rows`) has these keys of its name (`Nancy Edwards`)."""
     features: dict[str, list] = {name: [] for name in (
         "core", "cls", "specific", "digits", "words", "lone", "personish")}
     owner: list[int] = []
@@ -372,6 +378,8 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
     for row, (normalized, name, node_labels, attributes) in enumerate(zip(
             nodes["normalized"].to_pylist(), nodes["name"].to_pylist(),
             nodes["labels"].to_pylist(), _attributes(nodes), strict=True)):
+        if record_key(attributes) == normalized:  # a record: its name meets other names
+            normalized = normalize_name(name)
         core = core_name(normalized, config)
         key_core = order_free(core)
         tokens = core.split()
@@ -381,8 +389,6 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
         spelling = deletion_keys(key_core, config.min_typo_chars)
         if spelling:  # the name itself meets its variants' deletions
             node_keys += [f"d:{k}" for k in (key_core, *spelling)]
-        if (record := record_key(attributes)) is not None:
-            node_keys.append(f"r:{record}")
         short = name_parts(core, name, personish, config)
         roles += [None] * len(node_keys) + [role for _, role, _ in short]
         parts += [None] * len(node_keys) + [part for _, _, part in short]
@@ -486,7 +492,7 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
           .sort([*block, "mentions", "normalized"], descending=[False, False, True, False])
           .with_columns(rank=pl.int_range(pl.len()).over(block))
           .filter(pl.col("rank") < config.max_block))
-    pairs = _block_pairs(df.filter(pl.col("kind").is_in(["c", "d", "r"])), block).with_columns(
+    pairs = _block_pairs(df.filter(pl.col("kind").is_in(["c", "d"])), block).with_columns(
         cosine=pl.lit(0.0))
     vectors = df.filter(pl.col("kind") == "e")
     # A pair of names sharing several bands is one pair; its cosine is computed once, from
@@ -504,8 +510,7 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
         (pl.col("cls") == "") | (pl.col("cls_b") == "") | (pl.col("cls") == pl.col("cls_b"))
         | shared)
     same_core = (pl.col("kind") == "d") & (pl.col("core") == pl.col("core_b"))  # c: has it
-    one_record = pl.col("kind") == "r"  # one record's names: a key decides, not the names
-    pairs = pairs.filter((compatible | one_record) & ~same_core)
+    pairs = pairs.filter(compatible & ~same_core)
     # an organisation's short form keeps its meaning whatever its label: spaCy tags a bare
     # "Fordham" a place in the sentence after "Fordham University", an organisation
     short = pl.concat([_short_names(df, config), _nicknames(df, config)]).filter(
@@ -526,13 +531,12 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     kind = pl.col("kind")
     decided = pairs.with_columns(similarity=pl.Series(similarity)).with_columns(
         evidence=pl.when(kind == "c").then(pl.lit("exact"))
-        .when(kind == "r").then(pl.lit("record"))
         .when(kind == "d").then(pl.lit("spelling"))
         .otherwise(pl.lit("embedding")),
-        score=pl.when(kind.is_in(["c", "r"])).then(pl.lit(1.0))
+        score=pl.when(kind == "c").then(pl.lit(1.0))
         .when(kind == "d").then(pl.col("similarity").round(4))
         .otherwise(pl.col("cosine").round(4)),
-        merge=pl.when(kind.is_in(["c", "r"])).then(pl.lit(True))
+        merge=pl.when(kind == "c").then(pl.lit(True))
         .when(kind == "d").then(pl.col("similarity") >= config.min_similarity)
         .otherwise((pl.col("cosine") >= config.embedding_merge) & named_both),
         keep=pl.when(kind == "e").then(pl.col("cosine") >= config.embedding_ambiguous)
@@ -647,7 +651,8 @@ def cluster(pairs: pa.Table) -> pa.Table:
     self-pairs list every name, paired or not. A cluster is named after its most complete
     member (a name of its own before a record's key name, then most words, most mentioned,
     then alphabetical); each name keeps the evidence of
-    the first merge (in (a, b, evidence) order) that touched it."""
+    the first merge (in (a, b, evidence) order) that touched it. A business record is an
+    entity of its own (`one_record_each`)."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -664,6 +669,8 @@ def cluster(pairs: pa.Table) -> pa.Table:
               .join(index.rename({"normalized": "a", "i": "ia"}), on=["group_id", "a"])
               .join(index.rename({"normalized": "b", "i": "ib"}), on=["group_id", "b"]))
     size = nodes.height
+    merges = one_record_each(merges, nodes["i"].filter(nodes["mentions"] == 0).to_numpy(),
+                             size)
     graph = coo_matrix((np.ones(merges.height), (merges["ia"].to_numpy(),
                                                  merges["ib"].to_numpy())), shape=(size, size))
     _, component = connected_components(graph, directed=False)
@@ -701,6 +708,32 @@ def cluster(pairs: pa.Table) -> pa.Table:
     out = out.with_columns(entity_id=pl.Series(
         [ids[key] for key in out.select("group_id", "root").rows()], dtype=pl.String))
     return schema.conform(out.to_arrow(), ALIAS_MAP)
+
+
+def one_record_each(merges: pl.DataFrame, records: np.ndarray, size: int) -> pl.DataFrame:
+    """`merges` (node indexes `ia`, `ib` below `size`) less those that would make one entity
+    of two business records (`records`: their nodes' indexes, node_pairs' score 0): a
+    record's identity is its key, its name only a label, so two records never merge, and
+    the names that merge among themselves join a record only when they meet exactly one
+    (a third "Ana Silva" beside two contacts so named could mean either: it stays apart)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    is_record = np.zeros(size, dtype=bool)
+    is_record[records] = True
+    a_record, b_record = (is_record[merges[side].to_numpy()] for side in ("ia", "ib"))
+    if not (a_record | b_record).any():
+        return merges
+    plain = merges.filter(pl.Series(~a_record & ~b_record))
+    _, names = connected_components(coo_matrix((np.ones(plain.height), (
+        plain["ia"].to_numpy(), plain["ib"].to_numpy())), shape=(size, size)), directed=False)
+    linking = merges.filter(pl.Series(a_record ^ b_record))
+    ia, ib = (linking[side].to_numpy().astype(np.int64) for side in ("ia", "ib"))
+    name_side = np.where(is_record[ia], ib, ia)
+    record_side = ia + ib - name_side
+    met = pl.DataFrame({"names": names[name_side], "record": record_side}).select(
+        pl.col("record").n_unique().over("names") == 1)
+    return pl.concat([plain, linking.filter(met.to_series())]).sort("order")
 
 
 def changed_entities(stored: pa.Table, alias_map: pa.Table) -> set[str]:

@@ -9,6 +9,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from tkg.pipeline import store
 from tkg.pipeline.build import BuildResult, build
@@ -93,15 +94,50 @@ def test_a_newer_version_ends_what_it_changes_and_drops(builds, path):
     assert json.loads(attributes)["email"] == "maria@hooli.example"  # an attribute: replaced
 
 
-@pytest.mark.xfail(strict=True, reason="resolution groups mentions into name nodes by "
-                   "normalized name alone (pipeline/resolve.py, pipeline/stages/names.py): "
-                   "two records of one name become one node, so one entity")
-def test_two_records_of_one_name_keep_a_key_each(builds):
-    with store.open_catalog(builds["driver"].snapshot) as con:
-        rows = con.execute("SELECT attributes FROM entities WHERE group_id = 'crm-twins' AND "
-                           "name = 'Ana Silva'").fetchall()
-    assert sorted((json.loads(a)["record"], json.loads(a).get("email")) for (a,) in rows) == [
-        ("Contact C-7", "ana@umbrella.example"), ("Contact C-8", None)]
+@pytest.mark.parametrize("path", PATHS)
+def test_two_records_of_one_name_keep_a_key_each(builds, path):
+    """A record's identity is its key, its name only a label: two contacts called Ana Silva
+    are two entities, each with its own attributes and edges (in a later run too)."""
+    with store.open_catalog(builds[path].snapshot) as con:
+        rows = con.execute("SELECT name, attributes FROM entities WHERE group_id = "
+                           "'crm-twins'").fetchall()
+        edges = con.execute(
+            "SELECT json_extract_string(s.attributes, '$.record'), f.relation, o.name "
+            "FROM facts f JOIN entities s ON s.entity_id = f.source_entity_id "
+            "JOIN entities o ON o.entity_id = f.target_entity_id "
+            "WHERE f.group_id = 'crm-twins' AND f.expired_at IS NULL").fetchall()
+    assert sorted((name, json.loads(a).get("record"), json.loads(a).get("email"))
+                  for name, a in rows) == [
+        ("Ana Silva", "Contact C-7", "ana@umbrella.example"),
+        ("Ana Silva", "Contact C-8", None), ("Hooli", None, None), ("Umbrella", None, None)]
+    assert sorted(edges) == [("Contact C-7", "COMPANY", "Umbrella"),
+                             ("Contact C-8", "COMPANY", "Hooli")]
+
+
+def test_a_name_meets_a_record_only_when_it_can_mean_one():
+    """Resolution of name nodes: two records of one name never merge; a name (or a first
+    name) merges with the record it can only mean, and stays apart beside two records."""
+    from tkg.pipeline.config import ResolveConfig
+    from tkg.pipeline.resolve import blocking_keys, candidate_pairs, cluster, node_pairs
+
+    def node(name: str, record: str | None = None) -> dict:
+        attributes = json.dumps({"record": record}) if record else None
+        return {"group_id": "g", "normalized": (record or name).casefold(), "name": name,
+                "labels": ["Person"], "mention_count": 1, "attributes": attributes,
+                "name_embedding": None, "first_seen": JUNE, "last_seen": SEPTEMBER}
+
+    nodes = pa.Table.from_pylist([
+        node("Ana Silva", "Contact C-7"), node("Ana Silva", "Contact C-8"), node("Ana Silva"),
+        node("Ana"), node("Nancy Edwards", "Employee 2"), node("Nancy Edwards"),
+        node("Nancy"), node("Employee 3")])
+    config = ResolveConfig()
+    pairs = candidate_pairs(blocking_keys(nodes, config), config)
+    roots = {row["normalized"]: row["root"] for row in cluster(
+        pa.concat_tables([pairs, node_pairs(nodes)])).to_pylist()}
+    assert roots == {"contact c-7": "contact c-7", "contact c-8": "contact c-8",
+                     "ana silva": "ana silva", "ana": "ana silva",  # either record
+                     "employee 2": "nancy edwards", "nancy edwards": "nancy edwards",
+                     "nancy": "nancy edwards", "employee 3": "employee 3"}
 
 
 def test_a_later_run_supersedes_the_stored_version(builds):

@@ -7,11 +7,16 @@ flattening text), shared by every extractor backend. What it reads is config `re
    Its key is the value of its key field (`id`, `<label>_id`, ... then the first `*_id`);
    its *key name* is `"<Label> <key>"` (`Employee 2`). It is named by its name fields
    (`name`, `first_name` + `last_name`, ...: `Nancy Edwards`), else by its key name.
+   Its identity is its key name, never its name: the entity carries the key name in the
+   attribute RECORD_ATTRIBUTE, its facts name it by the key name (their text by its name),
+   and entity resolution makes one name node of a key name (`resolve.mention_rows`), so two
+   records called alike (two contacts "Ana Silva") stay two entities, each with its own
+   edges and attributes; other names meet a record by its name only when they can mean
+   that one record (`resolve.cluster`).
 2. A reference field (`customer_id`, or one named in `references`) is an edge to the key
-   name of the record it points at (`REPORTS_TO Employee 2`). Every entity of a record
-   carries its key name in the attribute RECORD_ATTRIBUTE, and entity resolution merges the
-   names that carry one key name (pipeline/resolve.py): the edge meets the referenced
-   record's own entity (`Nancy Edwards`), whichever run or episode brought that record.
+   name of the record it points at (`REPORTS_TO Employee 2`), which meets the referenced
+   record's own entity (`Nancy Edwards`) by that key, whichever run or episode brought
+   that record.
 3. An entity field (`company`, `city`, ... `records.entity_fields`) with a short text value
    is an edge to an entity of that name, labelled after the field.
 4. Nested objects and lists of objects are child records (label = singular field name),
@@ -34,12 +39,18 @@ import json
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 from tkg.pipeline import schema
 from tkg.pipeline.config import FactsConfig, RecordsConfig, RecordSource
-from tkg.pipeline.extract.base import EpisodeInput, ExtractedFact, Extraction, relation_name
+from tkg.pipeline.extract.base import (
+    EpisodeInput,
+    ExtractedEntity,
+    ExtractedFact,
+    Extraction,
+    relation_name,
+)
 
 RECORD_ATTRIBUTE = schema.RECORD_ATTRIBUTE  # the key name ("Employee 2"): resolution merges on it
 # Records about one person are labelled Person, so the resolver meets the same person in
@@ -129,6 +140,14 @@ def _entity_label(field: str, config: RecordsConfig, source: RecordSource) -> st
     return None
 
 
+class Named(NamedTuple):
+    """An entity of a record's extraction: `known_as`, what facts name it by (a keyed
+    record's key name, else its name), and `name`, what its facts' texts call it."""
+
+    known_as: str
+    name: str
+
+
 class _Mapper:
     """One record (and its children) -> entities, facts and attributes."""
 
@@ -137,65 +156,79 @@ class _Mapper:
         self.source = config.sources.get(episode.source or "", RecordSource())
         self.out = Extraction()
 
-    def fact(self, subject: str, field: str, target: str) -> None:
+    def fact(self, subject: Named, field: str, target: Named) -> None:
         relation = self.source.relations.get(field) or relation_name(
             re.sub(r"_?(id|Id|ID)$", "", field) or field)
         words = field.replace("_", " ")
-        self.out.facts.append(ExtractedFact(subject, target, relation,
-                                            f"{subject}: {words} {target}",
+        self.out.facts.append(ExtractedFact(subject.known_as, target.known_as, relation,
+                                            f"{subject.name}: {words} {target.name}",
                                             valid_at=self.episode.valid_at))
 
-    def record(self, data: dict, label: str, fallback: str, depth: int) -> str:
-        """Map one record; its entity's name."""
+    def record(self, data: dict, label: str, fallback: str, depth: int) -> Named:
+        """Map one record; how its entity is known and named."""
         key = key_field(data, label, self.source if depth == 0 else RecordSource(),
                         self.config)
         known_as = key_name(label, data[key]) if key else fallback
         naming = _name_fields(data, self.source if depth == 0 else RecordSource(),
                               self.config)
         name = " ".join(data[f].strip() for f in naming) or known_as
-        self.out.add_entity(name, "Person" if label in PERSON_RECORDS and naming else label)
-        entity = next(e for e in self.out.entities if e.name == name)
+        entity = self._own_entity(name, "Person" if label in PERSON_RECORDS and naming
+                                  else label, known_as if key else None)
+        subject = Named(known_as if key else name, name)
         attributes: dict[str, Any] = {RECORD_ATTRIBUTE: known_as} if key else {}
         for field, value in data.items():
             if field in naming or field in self.source.drop or value is None:
                 continue
-            if field == key or not self.field(name, field, value, depth):
+            if field == key or not self.field(subject, field, value, depth):
                 attributes[field] = value
         entity.attributes = json.dumps(attributes, ensure_ascii=False, sort_keys=True,
                                        default=str)
-        return name
+        return subject
 
-    def field(self, subject: str, field: str, value: Any, depth: int) -> bool:
+    def _own_entity(self, name: str, label: str, record: str | None) -> ExtractedEntity:
+        """The entity of a record: a keyed record's own (its name may be another's: two
+        children called alike), an unkeyed one's shared with whatever has its name."""
+        for entity in self.out.entities:
+            if entity.name == name and (record is None or _own_key([
+                    {"attributes": entity.attributes}]) == record):
+                return entity
+        entity = ExtractedEntity(name, label)
+        self.out.entities.append(entity)
+        return entity
+
+    def field(self, subject: Named, field: str, value: Any, depth: int) -> bool:
         """Map one field as an edge (True), or leave it to the attributes (False)."""
         if field in self.source.attributes:
             return False
         return any(handler(self, subject, field, value, depth) for handler in FIELD_HANDLERS)
 
-    def reference(self, subject: str, field: str, value: Any, _depth: int) -> bool:
+    def reference(self, subject: Named, field: str, value: Any, _depth: int) -> bool:
         referenced = _referenced_label(field, self.source)
         if referenced is None or not _is_scalar_key(value):
             return False
         target = key_name(referenced, value)
         self.out.add_entity(target, referenced, json.dumps({RECORD_ATTRIBUTE: target}))
-        self.fact(subject, field, target)
+        self.fact(subject, field, Named(target, target))
         return True
 
-    def entity(self, subject: str, field: str, value: Any, _depth: int) -> bool:
+    def entity(self, subject: Named, field: str, value: Any, _depth: int) -> bool:
         label = _entity_label(field, self.config, self.source)
         if label is None or not _is_short_text(value):
             return False
         self.out.add_entity(value.strip(), label)
-        self.fact(subject, field, value.strip())
+        self.fact(subject, field, Named(value.strip(), value.strip()))
         return True
 
-    def child(self, subject: str, field: str, value: Any, depth: int) -> bool:
+    def child(self, subject: Named, field: str, value: Any, depth: int) -> bool:
         if not isinstance(value, dict) or depth >= self.max_depth:
             return False
-        child = self.record(value, label_of(field), f"{subject} {label_of(field)}", depth + 1)
+        # an unkeyed child is its parent's: named after the parent's key, not its name
+        child = self.record(value, label_of(field), f"{subject.known_as} {label_of(field)}",
+                            depth + 1)
         self.fact(subject, field, child)
         return True
 
-    def items(self, subject: str, field: str, value: Any, depth: int) -> bool:
+    def items(self, subject: Named, field: str, value: Any, depth: int) -> bool:
         """A list of objects (child records) or of short texts (entities); anything else in
         the list stays an attribute."""
         if not isinstance(value, list) or not value or depth >= self.max_depth:
@@ -206,10 +239,11 @@ class _Mapper:
         label = label_of(field)
         for index, item in enumerate(value, start=1):
             if isinstance(item, dict):
-                target = self.record(item, label, f"{subject} {label} {index}", depth + 1)
+                target = self.record(item, label, f"{subject.known_as} {label} {index}",
+                                     depth + 1)
             else:
-                target = item.strip()
-                self.out.add_entity(target, label)
+                target = Named(item.strip(), item.strip())
+                self.out.add_entity(target.name, label)
             self.fact(subject, field, target)
         return True
 
@@ -219,7 +253,7 @@ def _has_digit(text: str) -> bool:
 
 
 # Tried in order on each field; the first that maps it wins, none: an attribute.
-FIELD_HANDLERS: tuple[Callable[[_Mapper, str, str, Any, int], bool], ...] = (
+FIELD_HANDLERS: tuple[Callable[[_Mapper, Named, str, Any, int], bool], ...] = (
     _Mapper.reference, _Mapper.entity, _Mapper.child, _Mapper.items)
 
 
@@ -279,7 +313,7 @@ def record_statements(extractions: pa.Table, tonight: bool) -> pa.Table:
         record = _own_key(entities)
         if record is None:
             continue
-        subject = entities[0]["name"]
+        subject = record  # a keyed record's facts name it by its key name (`_Mapper.fact`)
         base = {"group_id": group_id, "record": normalize_name(record),
                 "episode_id": episode_id, "valid_at": valid_at, "tonight": tonight}
         rows.append({**base, "source_normalized": None, "target_normalized": None,
