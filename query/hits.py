@@ -5,9 +5,10 @@ episodes a fact or entity cites that the caller may see."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from tkg.pipeline.index import SPECS
 from tkg.query.search import Hits, Scope
 from tkg.query.snapshot import Snapshot
 
@@ -123,25 +124,29 @@ def hydrate(snap: Snapshot, scope: Scope, ranked: dict[str, Hits],
                          "community_id", "name", "summary"))],
         episodes=[EpisodeHit(episode_id=episode["episode_id"], source_id=episode["source_id"],
                              speaker=episode["speaker"], content=episode["content"] or "",
-                             valid_at=_iso(episode["valid_at"]), score=round(score, 6))
-                  for (_, score), episode in _with_rows(snap, "episodes", ranked, (
-                      "episode_id", "source_id", "speaker", "content", "valid_at"))],
+                             valid_at=valid_at, score=round(score, 6))
+                  for ((_, score), episode), valid_at in zip(
+                      _with_rows(snap, "episodes", ranked, ("episode_id", "source_id",
+                                                            "speaker", "content")),
+                      iso_times(snap, "episodes", "valid_at", ranked.get("episodes", [])),
+                      strict=True)],
         run_id=snap.run_id)
 
 
 def _fact_hits(snap: Snapshot, facts: Hits, provenance: Provenance) -> list[FactHit]:
     names = snap.kinds["entities"].meta["name"]
     hits = []
-    for (row, score), fact in zip(facts, rows_of(snap, "facts", facts, (
-            "edge_id", "fact", "relation", "valid_at", "invalid_at", "episode_ids")),
-                                  strict=True):
+    for (row, score), fact, valid_at, invalid_at in zip(
+            facts, rows_of(snap, "facts", facts, ("edge_id", "fact", "relation", "episode_ids")),
+            iso_times(snap, "facts", "valid_at", facts),
+            iso_times(snap, "facts", "invalid_at", facts), strict=True):
         src, tgt = int(snap.fact_src[row]), int(snap.fact_tgt[row])
         cited = provenance.episode_rows(fact["episode_ids"] or [])
         hits.append(FactHit(
             edge_id=fact["edge_id"], fact=fact["fact"], relation=fact["relation"],
             source=names[src].as_py() if src >= 0 else None,
             target=names[tgt].as_py() if tgt >= 0 else None,
-            valid_at=_iso(fact["valid_at"]), invalid_at=_iso(fact["invalid_at"]),
+            valid_at=valid_at, invalid_at=invalid_at,
             score=round(score, 6), episodes=[provenance.source_id(e) for e in cited]))
     return hits
 
@@ -175,5 +180,14 @@ def rows_of(snap: Snapshot, kind: str, hits: Hits, columns: tuple[str, ...]
     return meta.take(pa.array([row for row, _ in hits], pa.int64())).to_pylist()
 
 
-def _iso(moment: datetime | None) -> str | None:
-    return moment.isoformat() if moment is not None else None
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def iso_times(snap: Snapshot, kind: str, column: str, hits: Hits) -> list[str | None]:
+    """A time column of the hit rows as ISO-8601 strings (None for a null), from its
+    `<column>_us` copy, as the `datetime.isoformat()` of the stored value: pyarrow's
+    tz-aware datetimes cost 3-5 us a value, a tenth of a search at 100,000 facts."""
+    micros = snap.kinds[kind].times[f"{column}_us"]
+    null = dict(SPECS[kind].times)[column]  # (the sentinel a null was stored as)
+    return [None if value == null else (EPOCH + timedelta(microseconds=value)).isoformat()
+            for value in micros[[row for row, _ in hits]].tolist()]

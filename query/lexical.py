@@ -183,4 +183,4 @@ class TermIndex:
             unique, scores, rank = unique[top], scores[top], rank[top]
         recency = newest[unique] if newest is not None else np.zeros(len(unique))
         order = np.lexsort((unique, -recency, -rank))[:limit]
-        return [(int(unique[i]), float(scores[i])) for i in order]
+        return list(zip(unique[order].tolist(), scores[order].tolist(), strict=True))

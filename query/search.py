@@ -180,7 +180,7 @@ def exact_cosine(snapshot: Snapshot, kind: str, vector: np.ndarray, scope: Scope
         top = np.argpartition(-scores, limit - 1)[:limit]
         rows_all, scores = rows_all[top], scores[top]
     order = np.lexsort((rows_all, -scores))
-    return [(int(rows_all[i]), float(scores[i])) for i in order]
+    return list(zip(rows_all[order].tolist(), scores[order].tolist(), strict=True))
 
 
 def text_spans(snapshot: Snapshot, kind: str, scope: Scope) -> Spans | None:
@@ -259,11 +259,14 @@ def live_facts(snapshot: Snapshot, facts: np.ndarray, scope: Scope) -> np.ndarra
 def visible_mask(snapshot: Snapshot, kind: str, rows: np.ndarray, scope: Scope) -> np.ndarray:
     """Which of `rows` the scope may see: the in-memory twin of `where(kind, ...)` (groups,
     both timelines, relation and date filters; labels aside, see `with_labels`)."""
-    t = snapshot.kinds[kind].times
+    table = snapshot.kinds[kind]
+    t = table.times
     f = scope.filters
     ok = visibility.group_mask(snapshot.group_codes[kind][rows], allowed_groups(snapshot, scope),
                                len(snapshot.groups))
-    ok &= visibility.numpy_mask(kind, t, as_of=scope.as_of, known_at=scope.known_at, rows=rows)
+    ok &= visibility.numpy_mask(kind, t, as_of=_bounding(table, "as_of", scope.as_of),
+                                known_at=_bounding(table, "known_at", scope.known_at),
+                                rows=rows)
     if kind in ("facts", "episodes"):
         if f.valid_from is not None:
             ok &= (t["valid_at_us"][rows] >= to_micros(f.valid_from, "valid_from"))
@@ -275,6 +278,20 @@ def visible_mask(snapshot: Snapshot, kind: str, rows: np.ndarray, scope: Scope) 
         ok &= np.isin(np.asarray(relations.take(rows).to_pylist(), dtype=object),
                       list(f.relations))
     return ok
+
+
+def _bounding(table: Kind, timeline: str, moment: int) -> int | None:
+    """`moment`, or None where every row of the table meets the bounds of its `timeline`
+    (by the table's (min, max) per column), as `visibility.lance_where` leaves such
+    conditions out: the same rows without a gather and a comparison a bound (at "now",
+    all of them but facts' ends)."""
+    for bound in visibility.RULES[table.name]:
+        if bound.timeline != timeline:
+            continue
+        low, high = table.bounds.get(f"{bound.column}_us", (None, None))
+        if high is None or (moment < high if bound.op == "<=" else moment >= low):
+            return moment
+    return None
 
 
 def with_labels(snapshot: Snapshot, rows: list[int], labels: tuple[str, ...]) -> list[int]:

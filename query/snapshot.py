@@ -174,9 +174,14 @@ class Csr:
         return self.items[self.start[node]:self.start[node + 1]]
 
     def of_many(self, nodes: np.ndarray) -> np.ndarray:
+        """The items of each node in turn (one gather, not a slice a node)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
         if len(nodes) == 0:
             return np.zeros(0, dtype=np.int64)
-        return np.concatenate([self.items[self.start[n]:self.start[n + 1]] for n in nodes])
+        first, sizes = self.start[nodes], self.start[nodes + 1] - self.start[nodes]
+        # each item's position: its node's first, plus its place among that node's items
+        offsets = np.repeat(first - np.cumsum(sizes) + sizes, sizes)
+        return self.items[offsets + np.arange(int(sizes.sum()))]
 
 
 @dataclass

@@ -1,0 +1,39 @@
+"""The query's embedder: the build's numpy encoder with its dense weights laid out for a
+question's few tokens, which gives the same vectors, bit for bit, sooner.
+
+A query embeds one or two short texts (the question, and the question without its speakers'
+names): 15-40 tokens. The encoder (`tkg.pipeline.minilm_numpy`) computes each dense layer as
+`x @ W`, x (tokens, in) and W (in, out). With W in Fortran order, numpy hands OpenBLAS the
+transposed operand, which it packs along the rows it reads; the products are the same sums
+in the same order (`tests/test_query_embedding.py` holds the vectors equal, bit for bit,
+for single questions, pairs and batches). The six layers' dense products, one thread, on
+the 2-core machine (ms): 16 tokens 13.5 -> 10.5, 32 tokens 17.5 -> 13.5, 64 tokens 22.0 ->
+19.4, 1,024 tokens 255 -> 264.
+
+It runs on one BLAS thread whatever `embed.threads_per_actor` the build used: a second
+thread on products this small waits more than it works, and on the shared 2-core machine
+a question pair took 14-490 ms on two threads (the corpus store's config) against 14-16 ms
+on one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+_DENSE = ("qkv", "attn_out", "inter", "out")  # `minilm_numpy._Layer`'s (in, out) weights
+
+
+def for_questions(embedder: Any) -> Any:
+    """`embedder` with its dense weights in Fortran order and one thread where it is the
+    numpy encoder (its vectors unchanged), else as it is."""
+    from tkg.pipeline.minilm_numpy import NumpyBertEncoder
+
+    if type(embedder) is NumpyBertEncoder:  # (its subclasses compute otherwise)
+        embedder.threads = 1
+        embedder.layers = [dataclasses.replace(layer, **{
+            name: np.asfortranarray(getattr(layer, name)) for name in _DENSE})
+            for layer in embedder.layers]
+    return embedder
