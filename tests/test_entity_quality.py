@@ -171,6 +171,20 @@ def test_a_relation_types_its_object_where_ner_guessed():
     assert labels(school)["Oakwood Academy"] == "Organization"
 
 
+def test_the_passive_types_its_agent_as_the_active_does(default):
+    """"I was hired by Contoso" is "Contoso hired me" (spaCy's NER: PERSON): the passive
+    form the employment class names (BE_HIRE_BY) makes Contoso an Organization and the fact
+    a job; a passive form no class names keeps its words ("was born in": BEAR_IN)."""
+    from tkg.pipeline.facts import relation_class
+
+    hired = said(default, "Jon", "I was hired by Contoso.")
+    assert labels(hired) == {"Jon": "Person", "Contoso": "Organization"}
+    assert [(f.source, relation_class(f.relation, default.config.facts)[0], f.target, f.fact)
+            for f in hired.facts] == [("Jon", "WORKS_AT", "Contoso", "Jon was hired by Contoso.")]
+    born = said(default, "Ana", "I was born in Sweden.")
+    assert [(f.relation, f.target) for f in born.facts] == [("BEAR_IN", "Sweden")]
+
+
 # --- vocatives and greetings -----------------------------------------------------------------
 
 @pytest.mark.parametrize(("speaker", "text", "addressed"), [

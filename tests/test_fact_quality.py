@@ -105,6 +105,14 @@ def test_a_list_of_names_is_one_fact_each(extractor):
          "Stephen Dubner's staff also includes Augusta Chapman.")]
 
 
+def test_names_listed_before_one_noun_are_one_fact_each(extractor):
+    # was one fact, Initech's: both texts were the whole sentence, and a text is kept once
+    found = facts(extractor, "I handle the Initech and Globex accounts.", speaker="Sam Patel")
+    assert found == [
+        ("Sam Patel", "HANDLE_ACCOUNT", "Initech", "Sam Patel handles the Initech accounts."),
+        ("Sam Patel", "HANDLE_ACCOUNT", "Globex", "Sam Patel handles the Globex accounts.")]
+
+
 def test_the_speaker_is_named_and_the_verb_agrees(extractor):
     # a fact about one entity: its object is a kind of thing, named in the relation
     assert facts(extractor, "I create a daily schedule to stay organized.") == [

@@ -214,6 +214,7 @@ def fact_indices(verb: Token, subject: Token, target: Token, others: Iterable[in
         node = node.head
         while listed and node.dep_ == "conj" and node.head.i != node.i:
             node = node.head
+    keep -= _listed_with(target, other)
     keep.update(t.i for t in verb.doc[min(keep) : max(keep) + 1]  # commas inside stay
                 if t.is_punct and t.i - 1 in keep and t.i + 1 in keep)
     indices = _trimmed(verb.doc, sorted(keep))
@@ -226,6 +227,18 @@ def fact_indices(verb: Token, subject: Token, target: Token, others: Iterable[in
             node = node.head
         indices = _trimmed(verb.doc, sorted(core))
     return indices
+
+
+def _listed_with(target: Token, other: set[int]) -> set[int]:
+    """The words of the objects listed with `target` that are facts of their own (`other`)
+    and the words that join them: "the Initech and Globex accounts" is the Initech accounts
+    for Initech's fact and the Globex accounts for Globex's (one text each, so both stay)."""
+    listed = [t for t in target.conjuncts if t.i in other]
+    if not listed:
+        return set()
+    joins = {c.i for t in (target, *target.conjuncts) for c in t.children
+             if c.dep_ == "cc" or (c.dep_ == "punct" and c.text in LIST_MARKS)}
+    return joins | {i for t in listed for i in phrase(t)}
 
 
 def complete(doc: Doc, indices: Sequence[int]) -> bool:

@@ -370,7 +370,8 @@ class SpacyExtractor:
                 target, spans, voices.speaker)
             person = label == "Person" and (len(target.split()) > 1
                                             or target in voices.speakers)
-            relation = self._relation(negation, words, token, label, person)
+            relation = self._relation(negation, self._voiced(verb, words), token, label,
+                                      person)
             if _prospective(verb) and relation_class(relation, self.config.facts)[1] is (
                     self.config.facts.ending):
                 relation = relation_name("PLAN", relation)  # "I am leaving X in May"
@@ -446,6 +447,17 @@ class SpacyExtractor:
             return None
         prefix = facts.ending_prefix if ending else facts.negation_prefix if negated else ""
         return prefix + relation_name(cls.relation, *words)
+
+    def _voiced(self, verb: Token, words: tuple[str, ...]) -> tuple[str, ...]:
+        """A passive verb's relation words with "be" ("was hired by Contoso": BE_HIRE_BY)
+        where a relation class names that form (the employment class's BE_HIRE_BY), so
+        that class and the type it gives its object apply as they do to the active form
+        ("joined Contoso"); the words as they are otherwise ("was born in": BEAR_IN)."""
+        if not any(c.dep_ == "auxpass" for c in verb.children):
+            return words
+        passive = ("be", *words)
+        found = relation_class(relation_name(*passive), self.config.facts)[1]
+        return passive if found is not None else words
 
     def _relation(self, negation: str, words: tuple[str, ...], target: Token,
                   label: str, person: bool) -> str:
