@@ -19,13 +19,18 @@ from fastapi import HTTPException
 from tkg.pipeline.config import QueryConfig, ServeConfig
 from tkg.query.api import Retriever
 from tkg.query.serve.metrics import Metrics
+from tkg.query.snapshot import Snapshot, SnapshotHolder, open_snapshot
 
 _PROCESS_RETRIEVER: Retriever | None = None  # what a retrieval process searches with
+REOPEN_WAIT_S = 60.0  # longest a retrieval process waits for another's reopen to finish
 
 
-def _start_process(store_dir: str, config: QueryConfig | None, poll_s: float) -> None:
+def _start_process(store_dir: str, config: QueryConfig | None, poll_s: float,
+                   reopening: Any) -> None:
     """Initializer of a retrieval process: open the snapshot and watch CURRENT; exit when
-    the server process is gone (a killed server must not leave its processes behind)."""
+    the server process is gone (a killed server must not leave its processes behind).
+    A newly published snapshot is opened by one retrieval process at a time (`reopening`,
+    a lock they share): the others keep answering on their cores meanwhile."""
     global _PROCESS_RETRIEVER
     parent = os.getppid()
 
@@ -35,7 +40,20 @@ def _start_process(store_dir: str, config: QueryConfig | None, poll_s: float) ->
         os._exit(0)
 
     threading.Thread(target=orphaned, name="tkg-parent-watch", daemon=True).start()
-    _PROCESS_RETRIEVER = Retriever(store_dir, config=config)
+    holder: list[SnapshotHolder[Snapshot]] = []
+
+    def open_run(path: Any) -> Snapshot:
+        if not holder:  # the first open, at start: all at once
+            return open_snapshot(path, config)
+        turn = reopening.acquire(timeout=REOPEN_WAIT_S)  # (bounded: a holder may have died)
+        try:
+            return open_snapshot(path, config)
+        finally:
+            if turn:
+                reopening.release()
+
+    holder.append(SnapshotHolder(store_dir, open_run))
+    _PROCESS_RETRIEVER = Retriever(store_dir, config=config, snapshots=holder[0])
     _PROCESS_RETRIEVER.load_models()
     _PROCESS_RETRIEVER.snapshots.watch(poll_s)
 
@@ -79,9 +97,10 @@ class Workers:
         self.limits, self.metrics = limits, metrics
         self.threads = ThreadPoolExecutor(max_workers=limits.workers,
                                           thread_name_prefix="tkg-query")
+        spawn = multiprocessing.get_context("spawn")
         self.processes = ProcessPoolExecutor(
-            max_workers=limits.processes, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_process, initargs=(str(store_dir), config, limits.poll_s),
+            max_workers=limits.processes, mp_context=spawn, initializer=_start_process,
+            initargs=(str(store_dir), config, limits.poll_s, spawn.Lock()),
         ) if limits.processes > 1 else None
         self._admitted = asyncio.Semaphore(limits.workers + limits.queue)
 
