@@ -7,8 +7,8 @@ names): 15-40 tokens. The encoder (`tkg.pipeline.minilm_numpy`) computes each de
 transposed operand, which it packs along the rows it reads; the products are the same sums
 in the same order (`tests/test_query_embedding.py` holds the vectors equal, bit for bit,
 for single questions, pairs and batches). The six layers' dense products, one thread, on
-the 2-core machine (ms): 16 tokens 13.5 -> 10.5, 32 tokens 17.5 -> 13.5, 64 tokens 22.0 ->
-19.4, 1,024 tokens 255 -> 264.
+the shared 2-core machine (load 3.4, ms): 16 tokens 13.5 -> 10.5, 32 tokens 17.5 -> 13.5,
+64 tokens 22.0 -> 19.4, 1,024 tokens 255 -> 264.
 
 It runs on one BLAS thread whatever `embed.threads_per_actor` the build used: a second
 thread on products this small waits more than it works, and on the shared 2-core machine
