@@ -196,9 +196,11 @@ class EmbedConfig(_Section):
     max_seq_length: int = Field(128, description="tokens; MiniLM was trained on 128")
     normalize: bool = True
     precision: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="auto = float32 in numpy for a plain BERT model such as MiniLM "
-        "(no torch), else bfloat16 on CPUs with native bf16; bfloat16 (torch autocast) "
-        "embeds ~1.7x faster on such CPUs, its vectors within 2e-3 of float32's"
+        "auto", description="auto = bfloat16 on CPUs with native bf16 (AVX512-BF16, AMX), "
+        "else float32; a plain BERT model such as MiniLM runs in pipeline/minilm_numpy.py "
+        "(float32: numpy, no torch; bfloat16: its matrix products on torch, ~2x faster on "
+        "such CPUs, vectors within 2.1e-3 of float32's), another through sentence-transformers "
+        "(bfloat16: torch autocast). Queries embed in float32"
     )
     actors: int | None = Field(None, description="embedder actors; null = one per CPU")
     threads_per_actor: int = 1

@@ -81,17 +81,17 @@ def test_a_cold_query_imports_no_torch(tmp_path: Path) -> None:
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_the_build_embeds_in_numpy_unless_bfloat16_is_asked_for() -> None:
-    """One rule for the driver and the actors: the same vectors from both."""
+def test_the_build_embeds_in_numpy_unless_bfloat16_is_chosen() -> None:
+    """One rule for the driver and the actors: the same vectors from both. bfloat16 (asked
+    for, or auto on a CPU with native bf16) runs the same encoder's products on torch."""
     from tkg.pipeline.config import TkgConfig
-    from tkg.pipeline.embed import build_embedder
-    from tkg.pipeline.minilm_numpy import NumpyBertEncoder
+    from tkg.pipeline.embed import build_embedder, cpu_has_bf16
+    from tkg.pipeline.minilm_numpy import Bf16BertEncoder, NumpyBertEncoder
 
-    config = TkgConfig()
-    for precision in ("auto", "float32"):
-        chosen = config.model_copy(update={"embed": config.embed.model_copy(
-            update={"precision": precision})})
-        assert isinstance(build_embedder(chosen), NumpyBertEncoder)
-    bf16 = config.model_copy(update={"embed": config.embed.model_copy(
-        update={"precision": "bfloat16"})})
-    assert isinstance(build_embedder(bf16), SentenceTransformerEmbedder)
+    def built(precision: str) -> type:
+        return type(build_embedder(TkgConfig().model_copy(update={"embed": EmbedConfig(
+            precision=precision)})))
+
+    assert built("float32") is NumpyBertEncoder
+    assert built("bfloat16") is Bf16BertEncoder
+    assert built("auto") is (Bf16BertEncoder if cpu_has_bf16() else NumpyBertEncoder)

@@ -154,16 +154,35 @@ def embed_changed(ctx: RunContext, ds: Dataset, table: str, key: str, text: str,
     not hold; the others keep their stored vector. A vector is a function of its text, so
     this equals embedding everything, and a night embeds what the night changed (embedding
     every entity and fact again was 111 s of 165 s for 200 episodes into 19,800)."""
+    fresh, kept = split_stored(ctx, ds, table, key, text, vector, what)
+    return with_kept(ctx, embed_column(ctx, fresh, text, vector), kept)
+
+
+def split_stored(ctx: RunContext, ds: Dataset, table: str, key: str, text: str,
+                 vector: str, what: str | None = None) -> tuple[Dataset, Dataset | None]:
+    """The rows of `ds` whose (key, text) the previous snapshot's `table` does not hold,
+    and the others with their stored `vector` (None: no such rows)."""
     columns = [key, text, vector]
     if "expired_at" in schema.PUBLISHED[table](1).names:
         columns.append("expired_at")  # of versioned tables, the open versions' texts
     stored = previous_table(ctx, table, columns)
     if stored is None:
-        return embed_column(ctx, ds, text, vector)
+        return ds, None
     old = engine.map(ctx, stored, _stored_vectors(key, text, vector))
-    both = engine.join(ctx, ds, old, "left_outer", (key, text)).materialize()
+    return split_known(ctx, ds, old, (key, text), vector, what or table)
+
+
+def split_known(ctx: RunContext, ds: Dataset, known: Dataset, on: tuple[str, ...],
+                vector: str, what: str) -> tuple[Dataset, Dataset | None]:
+    """The rows of `ds` that find no row of `known` (the `on` columns and `vector`) with the
+    same `on`, and the others with its vector (counted as `<what>_vectors_carried`; None:
+    no such rows)."""
+    both = engine.join(ctx, ds, known, "left_outer", on).materialize()
     fresh = engine.map(ctx, both, _vector_split(vector, carried=False))
     kept = engine.nonempty(engine.map(ctx, both, _vector_split(vector, carried=True)))
-    embedded = embed_column(ctx, fresh, text, vector)
-    ctx.count(f"{what or table}_vectors_carried", kept.count() if kept is not None else 0)
+    ctx.count(f"{what}_vectors_carried", kept.count() if kept is not None else 0)
+    return fresh, kept
+
+
+def with_kept(ctx: RunContext, embedded: Dataset, kept: Dataset | None) -> Dataset:
     return embedded if kept is None else engine.union(ctx, embedded, kept)
