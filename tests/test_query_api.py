@@ -333,3 +333,20 @@ def test_the_question_time_words_favour_that_time(tiny):
     since = Filters(valid_from="2024-01-01")
     assert tiny.search(question, "g1", recipe=boosted, filters=since).episodes[0].source_id \
         == "m4"
+
+
+def test_a_store_without_facts_answers_with_its_episodes(tmp_path):
+    """A snapshot whose facts table has no rows (so no time arrays either) still answers:
+    its episodes with their times, no facts."""
+    from tkg.jobs.bench.query import synth_tables, write_store
+    from tkg.pipeline.config import QueryConfig
+
+    from tkg import query
+
+    tables, _ = synth_tables(0, 32, 2, seed=0)
+    write_store(tmp_path, tables, 32, QueryConfig(), seed=0)
+    retriever = query.open(tmp_path)
+    result = retriever.search("w1 w2 Entity2", ["g000"])
+    assert result.to_dict()["facts"] == [] and result.episodes
+    assert all(e.valid_at.endswith("+00:00") for e in result.episodes)
+    assert retriever.search("w1 w2", ["g000"], recipe="facts_hybrid_rrf").facts == []
