@@ -303,11 +303,12 @@ def _bad_lines(good: dict) -> list[bytes]:
 
 
 def test_bad_input_and_public_data_build(ray_session, config, tmp_path):
-    """One build of a file of bad records next to the DMR sessions and the Chinook records
-    (when ../shared/data is there): the bad lines are rejected with their reasons, nothing
-    else is lost, and records link by key."""
+    """One build of a file of bad records next to the DMR sessions (when ../shared/data is
+    there): the bad lines are rejected with their reasons and nothing else is lost. (The
+    Chinook records, built here too until the suite ran over its time, are
+    tests/test_records_chinook.py's store: their keys and links are checked there.)"""
     from tests.conftest import SHARED_DATA
-    from tests.converters import chinook_to_episodes, dmr_to_episodes, write_jsonl
+    from tests.converters import dmr_to_episodes, write_jsonl
 
     bad = tmp_path / "bad.jsonl"
     good = {"group_id": "g1", "id": "ok-1", "kind": "message", "conversation_id": "c",
@@ -316,21 +317,15 @@ def test_bad_input_and_public_data_build(ray_session, config, tmp_path):
     bad.write_bytes(b"\n".join(_bad_lines(good)) + b"\n")
     inputs = [str(bad)]
     dmr: list[dict] = []
-    chinook: list[dict] = []
     if (SHARED_DATA / "dmr_msc_sample.jsonl").is_file():
         dmr = dmr_to_episodes(SHARED_DATA / "dmr_msc_sample.jsonl")
         inputs.append(str(write_jsonl(dmr, tmp_path / "dmr.jsonl")))
-    if (SHARED_DATA / "chinook_fixture.json").is_file():
-        chinook = chinook_to_episodes(SHARED_DATA / "chinook_fixture.json",
-                                      ("customer", "employee", "invoice"))
-        assert len(chinook) == 59 + 8 + 412
-        inputs.append(str(write_jsonl(chinook, tmp_path / "chinook.jsonl")))
     result = build(config, inputs, tmp_path / "store")
     summary = result.summary
-    assert summary["episodes_in"] == 6 + len(dmr) + len(chinook)
+    assert summary["episodes_in"] == 6 + len(dmr)
     assert summary["episodes_in"] == summary["episodes_ok"] + summary["rejected"]
     assert summary["rejected"] == 4
-    assert summary["episodes_ok"] == 2 + len(dmr) + len(chinook) == summary["episodes"]
+    assert summary["episodes_ok"] == 2 + len(dmr) == summary["episodes"]
 
     with store.open_catalog(result.snapshot) as con:
         rejects = dict(con.execute("SELECT line, reason FROM rejects WHERE file = ?",
@@ -352,17 +347,6 @@ def test_bad_input_and_public_data_build(ray_session, config, tmp_path):
             assert counts == (len(dmr), len({r["conversation_id"] for r in dmr}))
             assert con.execute("SELECT count(*) FROM facts WHERE group_id = 'dmr'"
                                ).fetchone()[0] > 0
-        if chinook:  # invoices point at their customer record by key, not by text
-            linked = con.execute("""
-                SELECT count(DISTINCT f.source_entity_id) FROM facts f
-                JOIN entities t ON t.entity_id = f.target_entity_id
-                WHERE f.group_id = 'chinook' AND f.relation = 'CUSTOMER'
-                  AND json_extract_string(t.attributes, '$.record') LIKE 'Customer %'
-                """).fetchone()[0]
-            assert linked == 412
-            assert con.execute("SELECT count(*) FROM entities WHERE group_id = 'chinook' AND "
-                               "json_extract_string(attributes, '$.record') = 'Customer 2'"
-                               ).fetchone() == (1,)  # one entity, named by its name
     assert not list((tmp_path / "store").rglob("passwd"))
 
 
