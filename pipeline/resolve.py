@@ -229,7 +229,7 @@ KEYED_NAMES = pa.schema([
     ("group_id", pa.string()), ("key", pa.string()), ("normalized", pa.string()),
     ("core", pa.string()), ("cls", pa.string()), ("specific", pa.list_(pa.string())),
     ("digits", pa.string()),
-    ("mentions", pa.int64()), ("words", pa.int64()), ("lone", pa.bool_()),
+    ("mentions", pa.int64()), ("lone", pa.bool_()),
     ("personish", pa.bool_()), ("role", pa.string()), ("part", pa.string()),
     ("first_seen", schema.TS), ("last_seen", schema.TS), ("vector", pa.list_(pa.int8())),
 ])
@@ -260,6 +260,7 @@ def _misspelt_suffixes(suffixes: tuple[str, ...]) -> frozenset[str]:
     return frozenset(keys)
 
 
+@lru_cache(maxsize=2**16)  # tokens repeat (given names, legal forms): 0.3 s of 5.8 at 61,046 names
 def _legal_suffix(token: str, suffixes: tuple[str, ...]) -> bool:
     if token in suffixes:
         return True
@@ -301,6 +302,7 @@ _QUIET = re.compile("[aeiouyhw]")
 _REPEATS = re.compile(r"(.)\1+")
 
 
+@lru_cache(maxsize=2**16)  # parts repeat (given names): 2.0 s of 5.8 s at 61,046 names
 def sound_key(text: str) -> str:
     """Each word's first letter and its later consonants, alike spellings spelt alike
     ("stephen", "steven" -> "stfn"); a text with a digit is its own key ("t-23")."""
@@ -370,7 +372,7 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
     name vector (which travels, as int8, only with these keys). A business record's node
     (its key name, `mention_rows`) has these keys of its name (`Nancy Edwards`)."""
     features: dict[str, list] = {name: [] for name in (
-        "core", "cls", "specific", "digits", "words", "lone", "personish")}
+        "core", "cls", "specific", "digits", "lone", "personish")}
     owner: list[int] = []
     keys: list[str] = []
     roles: list[str | None] = []
@@ -398,7 +400,7 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
         for column, value in (("core", key_core), ("cls", label_class(node_labels)),
                               ("specific", sorted(set(node_labels or ()) - GENERIC_LABELS)),
                               ("digits", " ".join(_DIGITS.findall(normalized))),
-                              ("words", len(tokens)), ("lone", lone),
+                              ("lone", lone),
                               ("personish", personish)):
             features[column].append(value)
     table = nodes.select(["group_id", "normalized"]).append_column(
