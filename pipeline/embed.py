@@ -207,33 +207,46 @@ EMBEDDERS.register("bge_m3", BGEM3Embedder)
 EMBEDDERS.register("synthetic", "tkg.pipeline.synthetic_embed:synthetic_embedder")
 
 
-def build_embedder(config: TkgConfig) -> Embedder:
+# Tables whose vectors only rank search results: the ones `embed.precision: bfloat16`
+# applies to. Name vectors (resolution merges at a cosine threshold) and relation phrases
+# (a class's threshold) decide, and stay float32 (all in bfloat16, 1 of 1,215 entities of
+# 2,000 bench episodes merged apart).
+RANKED = frozenset({"episodes", "facts"})
+
+
+def build_embedder(config: TkgConfig, ranked: bool = False) -> Embedder:
     """The build's embedder, a function of the config alone, so that the driver and the
     actors give the same vectors: where the model's layout allows, the BERT encoder of
-    pipeline/minilm_numpy.py, in bfloat16 on torch when `uses_bfloat16` (auto: on CPUs
-    with native bf16) and in float32 on numpy otherwise (sentence-transformers' vectors to
-    3e-7, without torch); else the configured backend. bfloat16 decided it: `tkg bench
-    build --episodes 20000` embedded for 233.3 s of 306.9 in float32 (its 1.18M tokens are
-    ~25 TFLOP, over 2 minutes of both cores at float32's 97 GFLOP/s a core) and for 109.8 s
-    of 174.0 in bfloat16 (with each text embedded once); loading torch costs an actor
-    ~1.2 s, once."""
-    if config.embed.backend == "sentence_transformers":
-        encoder = numpy_embedder(config.embed, bfloat16=uses_bfloat16(config.embed))
+    pipeline/minilm_numpy.py, in float32 on numpy (sentence-transformers' vectors to 3e-7,
+    without torch) or, for `ranked` vectors (`RANKED`) when `embed.precision` is bfloat16,
+    in bfloat16 on torch; else the configured backend.
+
+    bfloat16 halves the embedding: `tkg bench build --episodes 20000`, each text embedded
+    once, 174.2 s (embedding 111.4 s) against 260.9 s (200.5 s) in float32, on the same
+    tree (306.9 s, 233.3 s before each text was embedded once); its 1.18M tokens are ~25
+    TFLOP, over 2 minutes of both cores at float32's 97 GFLOP/s a core. It is not the
+    default (`auto`) for this model because it moves retrieval: LoCoMo recall@10 (`tkg
+    bench locomo`, same tree) single-hop .8593 -> .8569, multi-hop .5174 -> .5149,
+    open-domain .5332 -> .5387, overall .7633 -> .7619; the same with names in float32, so
+    the ranked vectors move it."""
+    embed = config.embed if ranked else config.embed.model_copy(update={"precision": "float32"})
+    if embed.backend == "sentence_transformers":
+        encoder = numpy_embedder(embed, bfloat16=embed.precision == "bfloat16")
         if encoder is not None:
             return encoder
-    return EMBEDDERS.build(config.embed.backend, config.embed)
+    return EMBEDDERS.build(embed.backend, embed)
 
 
 _SHARED: dict[str, Embedder] = {}
 
 
-def shared_embedder(config: TkgConfig) -> Embedder:
-    """One embedder per process and embed config: the driver's extractor (its relation
-    classifier) and the driver's embedding of small columns load the model once (5 s
-    each on the loaded 2-core machine)."""
-    key = config.embed.model_dump_json()
+def shared_embedder(config: TkgConfig, ranked: bool = False) -> Embedder:
+    """One embedder per process, embed config and `ranked`: the driver's extractor (its
+    relation classifier) and the driver's embedding of small columns load the model once
+    (5 s each on the loaded 2-core machine)."""
+    key = f"{config.embed.model_dump_json()} ranked={ranked}"
     if key not in _SHARED:
-        _SHARED[key] = build_embedder(config)
+        _SHARED[key] = build_embedder(config, ranked)
     return _SHARED[key]
 
 
@@ -254,8 +267,8 @@ class EmbedColumn:
     """Ray Data UDF: embeds `text_column` of each Arrow batch into `vector_column`."""
 
     def __init__(self, config: TkgConfig, text_column: str, vector_column: str,
-                 embedder: Embedder | None = None) -> None:
-        self.embedder = embedder or build_embedder(config)
+                 embedder: Embedder | None = None, ranked: bool = False) -> None:
+        self.embedder = embedder or build_embedder(config, ranked)
         self.text_column = text_column
         self.vector_column = vector_column
 

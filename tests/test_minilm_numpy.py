@@ -82,16 +82,18 @@ def test_a_cold_query_imports_no_torch(tmp_path: Path) -> None:
 
 
 def test_the_build_embeds_in_numpy_unless_bfloat16_is_chosen() -> None:
-    """One rule for the driver and the actors: the same vectors from both. bfloat16 (asked
-    for, or auto on a CPU with native bf16) runs the same encoder's products on torch."""
+    """One rule for the driver and the actors: the same vectors from both. bfloat16, asked
+    for, runs the same encoder's products on torch, for the vectors that only rank
+    (episodes, facts); names and relation phrases stay float32."""
     from tkg.pipeline.config import TkgConfig
-    from tkg.pipeline.embed import build_embedder, cpu_has_bf16
+    from tkg.pipeline.embed import build_embedder
     from tkg.pipeline.minilm_numpy import Bf16BertEncoder, NumpyBertEncoder
 
-    def built(precision: str) -> type:
+    def built(precision: str, ranked: bool = True) -> type:
         return type(build_embedder(TkgConfig().model_copy(update={"embed": EmbedConfig(
-            precision=precision)})))
+            precision=precision)}), ranked))
 
     assert built("float32") is NumpyBertEncoder
     assert built("bfloat16") is Bf16BertEncoder
-    assert built("auto") is (Bf16BertEncoder if cpu_has_bf16() else NumpyBertEncoder)
+    assert built("auto") is NumpyBertEncoder
+    assert built("bfloat16", ranked=False) is built("auto", ranked=False) is NumpyBertEncoder

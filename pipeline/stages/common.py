@@ -12,7 +12,7 @@ from tkg.pipeline import engine, runner, schema, store
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import RunContext
 from tkg.pipeline.datasets import read_parquet_files
-from tkg.pipeline.embed import EmbedColumn, shared_embedder
+from tkg.pipeline.embed import RANKED, EmbedColumn, shared_embedder
 
 INTERNAL_EXTRACTIONS = "_extractions"  # published with each snapshot, not in the catalog
 
@@ -102,7 +102,8 @@ def only(batch: pa.Table, columns: list[str]) -> pa.Table:
 EMBED_BLOCK_ROWS = 1024
 
 
-def embedder(config: TkgConfig, text: str, vector: str) -> runner.Model:
+def embedder(config: TkgConfig, text: str, vector: str, ranked: bool = False
+             ) -> runner.Model:
     """Embedding of `text` into `vector` as a model over rows. On a CPU it may run in the
     driver: a night's new names and facts are a few hundred texts, and an actor pool per
     column started a model per actor for them. The driver's model is `build_embedder`'s (the
@@ -111,15 +112,18 @@ def embedder(config: TkgConfig, text: str, vector: str) -> runner.Model:
     gpus = config.embed.gpus_per_actor  # BGE-m3 on GPU actors
 
     def local() -> EmbedColumn:
-        return EmbedColumn(config, text, vector, embedder=shared_embedder(config))
+        return EmbedColumn(config, text, vector, embedder=shared_embedder(config, ranked))
 
-    return runner.Model(EmbedColumn, (config, text, vector), batch_rows=EMBED_BLOCK_ROWS,
+    return runner.Model(EmbedColumn, (config, text, vector, None, ranked),
+                        batch_rows=EMBED_BLOCK_ROWS,
                         actors=config.embed.actors, gpus=gpus, local=None if gpus else local)
 
 
-def embed_column(ctx: RunContext, ds: Dataset, text: str, vector: str) -> Dataset:
-    """`vector` = the embedding of `text`, for every row of `ds`."""
-    return runner.over_rows(ctx, ds, embedder(ctx.config, text, vector))
+def embed_column(ctx: RunContext, ds: Dataset, text: str, vector: str,
+                 ranked: bool = False) -> Dataset:
+    """`vector` = the embedding of `text`, for every row of `ds` (`ranked`: vectors that
+    only rank search results, `embed.RANKED`)."""
+    return runner.over_rows(ctx, ds, embedder(ctx.config, text, vector, ranked))
 
 
 def _stored_vectors(key: str, text: str, vector: str) -> Callable[[pa.Table], pa.Table]:
@@ -155,7 +159,7 @@ def embed_changed(ctx: RunContext, ds: Dataset, table: str, key: str, text: str,
     this equals embedding everything, and a night embeds what the night changed (embedding
     every entity and fact again was 111 s of 165 s for 200 episodes into 19,800)."""
     fresh, kept = split_stored(ctx, ds, table, key, text, vector, what)
-    return with_kept(ctx, embed_column(ctx, fresh, text, vector), kept)
+    return with_kept(ctx, embed_column(ctx, fresh, text, vector, table in RANKED), kept)
 
 
 def split_stored(ctx: RunContext, ds: Dataset, table: str, key: str, text: str,

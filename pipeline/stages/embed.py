@@ -64,7 +64,8 @@ def embed_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     facts = engine.map(ctx, facts, _fact_text)
     texts = engine.union(ctx, *(engine.map(ctx, rows, only, [TEXT])
                                 for rows in (episodes, facts)))
-    vectors = embed_column(ctx, engine.shuffle(ctx, texts, [TEXT], _distinct), TEXT, VECTOR)
+    vectors = embed_column(ctx, engine.shuffle(ctx, texts, [TEXT], _distinct), TEXT, VECTOR,
+                           ranked=True)  # episodes and facts (embed.RANKED)
     names = engine.shuffle(ctx, engine.map(ctx, inputs["name_vectors"], only, NAME_VECTOR),
                            ["group_id", "name"], _one_per_name)
     entities, carried = split_known(ctx, inputs["entities_summarized"], names,
