@@ -26,8 +26,16 @@ FIXED_PORTS = (52365, 44227, 44217, 8265)  # what Ray 2.60 binds by default
 
 @pytest.fixture(scope="module")
 def config_file(config, tmp_path_factory) -> Path:
+    """The test config with the synthetic extractor and embedder: what these tests check is
+    Ray's processes and ports, and each `tkg build` here loads no model (spaCy and MiniLM
+    cost each of the two builds at once seconds of the two cores)."""
+    from tkg.pipeline.synthetic_embed import model_name
+
+    data = config.model_dump(mode="json")
+    data["extract"]["backend"] = data["embed"]["backend"] = "synthetic"
+    data["embed"]["model"] = model_name(384, 0)
     path = tmp_path_factory.mktemp("ray") / "config.yaml"
-    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    path.write_text(yaml.safe_dump(data))
     return path
 
 
