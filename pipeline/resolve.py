@@ -655,9 +655,6 @@ def cluster(pairs: pa.Table) -> pa.Table:
     then alphabetical); each name keeps the evidence of
     the first merge (in (a, b, evidence) order) that touched it. A business record is an
     entity of its own (`one_record_each`)."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
     df = pl.from_arrow(pairs)
     nodes = (df.filter(pl.col("evidence") == "node")
              .select("group_id", normalized=pl.col("a"), mentions=pl.col("score"))
@@ -673,9 +670,7 @@ def cluster(pairs: pa.Table) -> pa.Table:
     size = nodes.height
     merges = one_record_each(merges, nodes["i"].filter(nodes["mentions"] == 0).to_numpy(),
                              size)
-    graph = coo_matrix((np.ones(merges.height), (merges["ia"].to_numpy(),
-                                                 merges["ib"].to_numpy())), shape=(size, size))
-    _, component = connected_components(graph, directed=False)
+    component = _components(merges, size)
     nodes = nodes.with_columns(component=pl.Series(component),
                                words=pl.col("normalized").str.count_matches(r"\S+"))
     # a nickname or a bare code never names its entity, even a record's (Mel said more often
@@ -718,17 +713,13 @@ def one_record_each(merges: pl.DataFrame, records: np.ndarray, size: int) -> pl.
     record's identity is its key, its name only a label, so two records never merge, and
     the names that merge among themselves join a record only when they meet exactly one
     (a third "Ana Silva" beside two contacts so named could mean either: it stays apart)."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
     is_record = np.zeros(size, dtype=bool)
     is_record[records] = True
     a_record, b_record = (is_record[merges[side].to_numpy()] for side in ("ia", "ib"))
     if not (a_record | b_record).any():
         return merges
     plain = merges.filter(pl.Series(~a_record & ~b_record))
-    _, names = connected_components(coo_matrix((np.ones(plain.height), (
-        plain["ia"].to_numpy(), plain["ib"].to_numpy())), shape=(size, size)), directed=False)
+    names = _components(plain, size)
     linking = merges.filter(pl.Series(a_record ^ b_record))
     ia, ib = (linking[side].to_numpy().astype(np.int64) for side in ("ia", "ib"))
     name_side = np.where(is_record[ia], ib, ia)
@@ -736,6 +727,16 @@ def one_record_each(merges: pl.DataFrame, records: np.ndarray, size: int) -> pl.
     met = pl.DataFrame({"names": names[name_side], "record": record_side}).select(
         pl.col("record").n_unique().over("names") == 1)
     return pl.concat([plain, linking.filter(met.to_series())]).sort("order")
+
+
+def _components(merges: pl.DataFrame, size: int) -> np.ndarray:
+    """The connected component of each of `size` nodes under the `merges` (`ia`, `ib`)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    graph = coo_matrix((np.ones(merges.height), (merges["ia"].to_numpy(),
+                                                 merges["ib"].to_numpy())), shape=(size, size))
+    return connected_components(graph, directed=False)[1]
 
 
 def changed_entities(stored: pa.Table, alias_map: pa.Table) -> set[str]:
