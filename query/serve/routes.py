@@ -1,5 +1,6 @@
 """The HTTP routes: request bodies bounded by `ServeConfig`, the caller's groups from its
-key, and the answers (every one names the snapshot it came from in `X-Tkg-Snapshot`)."""
+key, and the answers (every one names the snapshot it came from in `X-Tkg-Snapshot`, and
+says where its time went in `Server-Timing`)."""
 
 # (no `from __future__ import annotations`: FastAPI reads the request models, built per app
 # from its limits, from the endpoints' annotations)
