@@ -21,14 +21,17 @@ from __future__ import annotations
 import logging
 import math
 import os
+import tempfile
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from tkg.pipeline import schema, storage
 from tkg.pipeline.config import QueryConfig
 from tkg.pipeline.storage import Location
@@ -38,6 +41,13 @@ os.environ.setdefault("LANCE_LOG", "error")  # lance logs deprecation notes per 
 LANCE_DIR = "lance"
 PAST = -(2**62)  # sentinel for "since forever" (null valid_at / created_at)
 FUTURE = 2**62  # sentinel for "still open" (null invalid_at / expired_at)
+# Rows of a published table the driver holds at once while building its LanceDB table. A
+# table of more rows is sorted out of core (`_sorted_chunks`): read into the driver whole,
+# the 1,000,000-episode bench's published tables (1,000,000 episode vectors, 696,550 fact
+# vectors) took the machine's available memory down to 6.1 GB before publish ended.
+# 65,536 rows of the widest table (episodes: content and a 384-float vector) are ~150 MB.
+CHUNK_ROWS = 65_536
+RANK = "_rank"  # a row's position in the table's sort order, while it is sorted
 log = logging.getLogger("tkg.pipeline.index")
 
 # The English stop words LanceDB 0.40 drops by default (NLTK's list, as tokens: "don't" is
@@ -94,10 +104,15 @@ def micros(column: pa.ChunkedArray | pa.Array, sentinel: int) -> pa.Array:
 def searchable(table: pa.Table, spec: TableSpec, dim: int) -> pa.Table:
     """The LanceDB form of a published table (see the module docstring)."""
     table = table.sort_by([(c, "ascending") for c in spec.order]) if table.num_rows else table
+    return _searchable_rows(table, spec, dim, 0)
+
+
+def _searchable_rows(table: pa.Table, spec: TableSpec, dim: int, first_row: int) -> pa.Table:
+    """The LanceDB form of rows already in sort order, the first of them at `first_row`."""
     texts = [pc.fill_null(table[c], "") for c in spec.text]
     text = texts[0] if len(texts) == 1 else pc.binary_join_element_wise(*texts, " ")
     columns = {
-        "row": pa.array(np.arange(table.num_rows, dtype=np.int64)),
+        "row": pa.array(np.arange(first_row, first_row + table.num_rows, dtype=np.int64)),
         "text": text,
         "vector": table[spec.vector].cast(schema.vector(dim)),
         **{f"{c}_us": micros(table[c], s) for c, s in spec.times},
@@ -123,22 +138,107 @@ def _vector_index(rows: int, dim: int, config: QueryConfig) -> Any:
 
 def index_table(db: Any, spec: TableSpec, data: pa.Table, dim: int,
                 config: QueryConfig) -> dict[str, Any]:
-    """Write one LanceDB table and its indexes; returns what was built (for the manifest)."""
+    """Write one LanceDB table of an in-memory table and its indexes; returns what was
+    built (for the manifest)."""
+    return _write_indexed(db, spec, searchable(data, spec, dim), data.num_rows, dim, config)
+
+
+def _write_indexed(db: Any, spec: TableSpec, data: pa.Table | pa.RecordBatchReader,
+                   rows: int, dim: int, config: QueryConfig) -> dict[str, Any]:
+    """Write one LanceDB table (a reader is written as it streams) and build its indexes.
+    LanceDB reads the written table for each index, and trains IVF_PQ on a sample of it
+    (`sample_rate` x partitions rows), so no index needs the table in the driver."""
     from lancedb.index import FTS, Bitmap, BTree
 
     started = time.perf_counter()
-    table = db.create_table(spec.name, searchable(data, spec, dim), mode="overwrite")
-    built: dict[str, Any] = {"rows": data.num_rows, "vector_index": "exact"}
-    if data.num_rows:
+    table = db.create_table(spec.name, data, mode="overwrite")
+    built: dict[str, Any] = {"rows": rows, "vector_index": "exact"}
+    if rows:
         table.create_index("group_id", config=Bitmap())
         table.create_index("row", config=BTree())
         table.create_index("text", config=FTS(with_position=False,
                                               custom_stop_words=list(STOP_WORDS)))
-        if data.num_rows >= config.ann_min_rows:
-            table.create_index("vector", config=_vector_index(data.num_rows, dim, config))
+        if rows >= config.ann_min_rows:
+            table.create_index("vector", config=_vector_index(rows, dim, config))
             built["vector_index"] = config.ann_index
     built["seconds"] = round(time.perf_counter() - started, 3)
     return built
+
+
+def _file_batches(location: Location, table_schema: pa.Schema,
+                  chunk_rows: int) -> Iterator[pa.Table]:
+    """One published Parquet file in batches of at most `chunk_rows`, in `table_schema`
+    (a file an older snapshot wrote may lack a newer nullable column: `schema.conform`)."""
+    fs, path = storage.resolve(location)
+    with fs.open_input_file(path) as handle:
+        parquet = pq.ParquetFile(handle)
+        present = set(parquet.schema_arrow.names)
+        columns = [f.name for f in table_schema if f.name in present]
+        for batch in parquet.iter_batches(batch_size=chunk_rows, columns=columns):
+            yield schema.conform(pa.Table.from_batches([batch]), table_schema)
+
+
+def _ranks(files: Sequence[Location], spec: TableSpec, table_schema: pa.Schema,
+           chunk_rows: int) -> np.ndarray:
+    """Each row's position in the table's sort order (rows numbered file by file), from
+    its sort keys alone (a few columns: 1,000,000 fact keys are ~100 MB)."""
+    keys_schema = pa.schema([table_schema.field(c) for c in spec.order])
+    keys = pa.concat_tables([batch for f in files
+                             for batch in _file_batches(f, keys_schema, chunk_rows)])
+    order = pc.sort_indices(keys, sort_keys=[(c, "ascending") for c in spec.order])
+    ranks = np.empty(keys.num_rows, dtype=np.int64)
+    ranks[order.to_numpy()] = np.arange(keys.num_rows, dtype=np.int64)
+    return ranks
+
+
+def _sorted_chunks(files: Sequence[Location], spec: TableSpec, table_schema: pa.Schema,
+                   rows: int, chunk_rows: int) -> Iterator[pa.Table]:
+    """The table's rows in sort order, `chunk_rows` at a time, never all in the driver: one
+    pass writes each row to the local Arrow file of its chunk of ranks, then each chunk
+    is read back and sorted (the same order as `searchable`'s sort of the whole table:
+    Arrow's sort is stable and rows are numbered in the same file order)."""
+    ranks = _ranks(files, spec, table_schema, chunk_rows)
+    spilled = table_schema.append(pa.field(RANK, pa.int64()))
+    with tempfile.TemporaryDirectory(prefix=f"tkg-index-{spec.name}-") as folder:
+        paths = [Path(folder) / f"{n:05d}.arrow" for n in range(math.ceil(rows / chunk_rows))]
+        writers: dict[int, pa.ipc.RecordBatchFileWriter] = {}
+        offset = 0
+        try:
+            for f in files:
+                for batch in _file_batches(f, table_schema, chunk_rows):
+                    batch_ranks = ranks[offset:offset + batch.num_rows]
+                    offset += batch.num_rows
+                    batch = batch.append_column(RANK, pa.array(batch_ranks))
+                    chunks = batch_ranks // chunk_rows
+                    for n in np.unique(chunks):
+                        if n not in writers:
+                            writers[n] = pa.ipc.new_file(paths[n], spilled)
+                        writers[n].write_table(batch.filter(pa.array(chunks == n)))
+        finally:
+            for writer in writers.values():
+                writer.close()
+        for path in paths:
+            with pa.memory_map(str(path)) as source:
+                chunk = pa.ipc.open_file(source).read_all().sort_by(RANK)
+            yield chunk.drop_columns([RANK])
+
+
+def _published_reader(files: Sequence[Location], spec: TableSpec, table_schema: pa.Schema,
+                      dim: int, chunk_rows: int) -> tuple[pa.Table | pa.RecordBatchReader, int]:
+    """The LanceDB form of a published table's files and its rows: in memory when it
+    fits `chunk_rows`, else a reader of its sorted chunks."""
+    rows = sum(storage.each(storage.parquet_rows, list(files)))
+    if rows <= chunk_rows:
+        return searchable(read_published_files(files, table_schema), spec, dim), rows
+    target = _searchable_rows(table_schema.empty_table(), spec, dim, 0).schema
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        first = 0
+        for chunk in _sorted_chunks(files, spec, table_schema, rows, chunk_rows):
+            yield from _searchable_rows(chunk, spec, dim, first).cast(target).to_batches()
+            first += chunk.num_rows
+
+    return pa.RecordBatchReader.from_batches(target, batches()), rows
 
 
 def connect(location: Location) -> Any:
@@ -162,7 +262,15 @@ def read_published(snapshot: Location, name: str, dim: int,
     manifest's), else of the Parquet under the snapshot's folder for it."""
     table_schema = schema.PUBLISHED[name](dim)
     if files is None:
-        files = storage.list_files(storage.join(snapshot, name), suffixes={".parquet"})
+        files = published_files(snapshot, name)
+    return read_published_files(files, table_schema)
+
+
+def published_files(snapshot: Location, name: str) -> list[Location]:
+    return storage.list_files(storage.join(snapshot, name), suffixes={".parquet"})
+
+
+def read_published_files(files: Sequence[Location], table_schema: pa.Schema) -> pa.Table:
     if not files:
         return table_schema.empty_table()
     return pa.concat_tables([schema.conform(t, table_schema)
@@ -172,11 +280,14 @@ def read_published(snapshot: Location, name: str, dim: int,
 def build_indexes(snapshot: Location, dim: int, config: QueryConfig,
                   tables: dict[str, pa.Table] | None = None,
                   reused: Collection[str] = (),
-                  files: Mapping[str, Sequence[Location]] | None = None) -> dict[str, Any]:
+                  files: Mapping[str, Sequence[Location]] | None = None,
+                  chunk_rows: int = CHUNK_ROWS) -> dict[str, Any]:
     """Build `SNAPSHOT/lance/` from the snapshot's Parquet (its `files` per table, or
     `tables` given in memory, as the query benchmark does), except the `reused` tables
     kept from an earlier snapshot. Called by publish before the manifest is written, so a
-    published snapshot always has its indexes. Returns per-table figures for the manifest."""
+    published snapshot always has its indexes. A table's Parquet streams through the
+    driver `chunk_rows` rows at a time (`_sorted_chunks`). Returns per-table figures for
+    the manifest."""
     started = time.perf_counter()
     db = connect(storage.join(snapshot, LANCE_DIR))
     figures: dict[str, Any] = {}
@@ -184,9 +295,14 @@ def build_indexes(snapshot: Location, dim: int, config: QueryConfig,
         if name in reused:
             continue
         data = (tables or {}).get(name)
-        if data is None:
-            data = read_published(snapshot, name, dim, (files or {}).get(name))
-        figures[name] = index_table(db, spec, data, dim, config)
+        if data is not None:
+            figures[name] = index_table(db, spec, data, dim, config)
+            continue
+        listed = (files or {}).get(name)
+        listed = published_files(snapshot, name) if listed is None else listed
+        reader, rows = _published_reader(listed, spec, schema.PUBLISHED[name](dim), dim,
+                                         chunk_rows)
+        figures[name] = _write_indexed(db, spec, reader, rows, dim, config)
     figures["seconds"] = round(time.perf_counter() - started, 3)
     log.info("retrieval indexes built in %.1f s", figures["seconds"])
     return figures
