@@ -1,5 +1,6 @@
 """Facts (entity edges): one edge per (entity pair, relation) whatever the wording, its
 provenance merged; then invalidation among the facts of one subject, never the whole graph.
+A fact said of one entity alone is one edge per statement (`claim_key`).
 
 Relations in one class (config `facts.relation_classes`) are one relation: `moved to` and
 `lives in` are both LIVES_IN. In an exclusive class a subject holds one value at a time: a
@@ -130,20 +131,33 @@ def fact_mentions(extractions: pa.Table) -> pa.Table:
 def fact_rows(mentions: pa.Table, config: FactsConfig) -> pa.Table:
     """Fact mentions whose endpoints carry entity ids -> rows with an edge id. Self-loops
     that resolution made (two names of one entity: "Bob is Robert Kim") are dropped; a fact
-    said of one entity (one name at both ends: "Ana creates a daily schedule") stays."""
+    said of one entity (one name at both ends: "Ana creates a daily schedule") stays, and
+    is one edge per statement (`claim_key`), not per relation."""
     rows = []
     for row in mentions.to_pylist():
         source, target = row["source_entity_id"], row["target_entity_id"]
         if source == target and row.get("source_normalized") != row.get("target_normalized"):
             continue
-        relation, _, _ = relation_class(row["relation"], config)
+        relation, cls, _ = relation_class(row["relation"], config)
+        claim = claim_key(row["fact"]) if source == target and cls is None else None
         rows.append({
-            "edge_id": schema.stable_id(row["group_id"], "fact", source, target, relation),
+            "edge_id": schema.stable_id(row["group_id"], "fact", source, target, relation,
+                                        *([claim] if claim else [])),
             "group_id": row["group_id"], "episode_id": row["episode_id"],
             "source_entity_id": source, "target_entity_id": target, "relation": relation,
             "fact": row["fact"], "valid_at": row["valid_at"], "invalid_at": row["invalid_at"],
         })
     return pa.Table.from_pylist(rows, schema=schema.FACT_ROWS)
+
+
+def claim_key(text: str | None) -> str:
+    """What identifies a fact said of one entity alone: its statement, case and spacing
+    aside. Such a fact has no object to tell two claims apart (its object's words are in
+    its relation, or it has none: "Sam says that's great news"), so keyed by relation
+    alone it merged every claim with the same verb into one edge with one of their texts
+    and all their episodes (LoCoMo: 8,975 such mentions in 8,122 edges, one "means a lot"
+    edge citing 16 turns), which a reader and a search citing its sources both misread."""
+    return " ".join((text or "").lower().split()).rstrip(".!")
 
 
 def merge_facts(rows: pa.Table, created_at: datetime) -> pa.Table:

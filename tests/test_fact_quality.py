@@ -143,6 +143,51 @@ def test_questions_greetings_and_thanks_state_nothing(extractor):
     assert facts(extractor, "Did you finish the report? Thanks, Caroline!") == []
 
 
+def entities(extractor, content: str, speaker: str | None = "Melanie",
+             context: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    episode = EpisodeInput("e", "g", "message" if speaker else "text", content, T_REF,
+                           speaker=speaker, context=context)
+    (extraction,) = extractor.extract([episode])
+    return [(e.name, e.label) for e in extraction.entities]
+
+
+def test_a_message_mentions_whom_it_speaks_to(extractor):
+    said = ("Caroline: I made a bowl in class.",)
+    assert ("Caroline", "Person") in entities(extractor, "Your bowl is lovely!", context=said)
+    assert ("Caroline", "Person") in entities(extractor, "Hey Caroline! Lovely.", context=said)
+    assert entities(extractor, "I went for a run this morning.", context=said) == [
+        ("Melanie", "Person")]
+    # a name called out in a text without speakers is still no entity ("Quick, Dorothy")
+    assert "Dorothy" not in {n for n, _ in entities(
+        extractor, "Quick, Dorothy, run to the cellar!", speaker=None)}
+
+
+def test_claims_about_one_entity_are_one_fact_each():
+    import pyarrow as pa
+    from tkg.pipeline import schema
+    from tkg.pipeline.facts import fact_rows, merge_facts
+
+    def mention(episode: str, fact: str, source: str = "sam", target: str = "sam") -> dict:
+        return {"group_id": "g", "episode_id": episode, "source_entity_id": source,
+                "target_entity_id": target, "source_normalized": source,
+                "target_normalized": target, "relation": "MEAN_LOT", "fact": fact,
+                "valid_at": T_REF, "invalid_at": None}
+
+    rows = pa.Table.from_pylist([
+        mention("e1", "Sam says Evan's encouragement means a lot."),
+        mention("e2", "Sam says the trip meant a lot."),
+        mention("e3", "sam says Evan's encouragement means a lot."),  # the first, said again
+        mention("e4", "Sam: Evan means a lot.", target="evan"),
+        mention("e5", "Sam: Evan meant a lot.", target="evan")])
+    merged = merge_facts(fact_rows(rows, CONFIG.facts), T_REF).to_pylist()
+    by_text = {e["fact"]: e["episode_ids"] for e in merged}
+    assert by_text == {"Sam says Evan's encouragement means a lot.": ["e1", "e3"],
+                       "Sam says the trip meant a lot.": ["e2"],
+                       # an edge between two entities is one whatever its wording
+                       "Sam: Evan means a lot.": ["e4", "e5"]}, by_text
+    assert {r.name for r in schema.FACT_ROWS} <= set(fact_rows(rows, CONFIG.facts).column_names)
+
+
 # --- the subject is the speaker, never the one greeted -----------------------------------
 
 

@@ -69,6 +69,8 @@ MEMBERSHIP_RELATION = "MEMBER_OF"  # config: the membership class's relation
 BOSS_RELATION = "REPORTS_TO"  # the records' word for the one a person works for
 # A claim with no object says something from four words on ("that's life" does not).
 MIN_STATEMENT_WORDS = 4
+# The listener's words: a message that says one of them mentions its addressee.
+SECOND_PERSON = {"you", "your", "yours", "yourself", "yourselves"}
 # People a rule cannot name: a claim about them is not its speaker's.
 THIRD_PERSONS = {"he", "she", "they", "him", "her", "them"}
 # Endings that say nothing of what ends ("left", "quit"): of a kind of thing, a membership.
@@ -156,6 +158,7 @@ class SpacyExtractor:
                 addressed.add(name)
             elif name:
                 named.setdefault(name, (label, self._word_typed(span)))
+        vocatives = set(addressed)
         addressed -= {*named, addressee_of(speaker, episode.context)}  # "you" names them
         for fact in self._facts(doc, spans, speaker, episode):
             ends = [(fact.source, "source"), (fact.target, "target")]
@@ -174,6 +177,8 @@ class SpacyExtractor:
             out.facts.append(fact)
         for name, (label, _) in named.items():
             out.add_entity(name, label)
+        for name in _addressed_people(doc, vocatives, speaker, episode.context):
+            out.add_entity(name, "Person")
         return out
 
     @staticmethod
@@ -559,6 +564,25 @@ class SpacyExtractor:
                 return None, when, ent.text
             return when, None, ent.text
         return None, None, None
+
+
+def _addressed_people(doc: Doc, vocatives: set[str], speaker: str | None,
+                      context: Iterable[str]) -> list[str]:
+    """The people a message speaks to, each mentioned by it as a pronoun or a name is: the
+    addressee its "you"/"your" stands for (`addressee_of`) and a speaker of its window it
+    calls by name ("Hey Caroline"). Neither is a new entity, both already speak in the
+    conversation; without them a turn about its listener ("your bowl is lovely") was no
+    mention of them, unlike the same words with their name. The default recipe's speaker
+    factor reads these mentions: LoCoMo evidence recall@10 .7633 -> .7680, single-hop
+    .8593 -> .8694 with `facts.claim_key` (`tkg bench locomo --store` on a store of `tkg
+    bench graph --only locomo`); "you" alone, replayed on the old store's mentions: .7661."""
+    context = list(context)
+    people = window_speakers(speaker, context) - {speaker}
+    found = [name for name in sorted(vocatives) if name in people]
+    addressee = addressee_of(speaker, context)
+    if addressee and any(t.lower_ in SECOND_PERSON for t in doc):
+        found.append(addressee)
+    return found
 
 
 def _claim_root(token: Token) -> bool:
