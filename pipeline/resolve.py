@@ -224,15 +224,19 @@ def _is_key_name(nodes: pa.Table) -> list[bool]:
 PERSONISH = {"Person", "Speaker", "Contact", "AccountOwner", "SalesRep", "Assignee", "Owner",
              "Manager", "Author"}
 _DIGITS = re.compile(r"\d+")
-QUANT = 127.0  # name vectors travel with their blocking keys as int8 (cosine error < 0.01)
+QUANT = 127.0  # name vectors as int8 for embedding-neighbour cosines (error < 0.01)
 KEYED_NAMES = pa.schema([
     ("group_id", pa.string()), ("key", pa.string()), ("normalized", pa.string()),
     ("core", pa.string()), ("cls", pa.string()), ("specific", pa.list_(pa.string())),
     ("digits", pa.string()),
     ("mentions", pa.int64()), ("lone", pa.bool_()),
     ("personish", pa.bool_()), ("role", pa.string()), ("part", pa.string()),
-    ("first_seen", schema.TS), ("last_seen", schema.TS), ("vector", pa.list_(pa.int8())),
+    ("first_seen", schema.TS), ("last_seen", schema.TS),
 ])
+# A name's int8 vector (`name_vectors`), joined onto its embedding-neighbour pairs
+# (`near_decisions`), not carried through the shuffle by block under each of its bands.
+NAME_VECTORS = pa.schema([("group_id", pa.string()), ("normalized", pa.string()),
+                          ("vector", pa.list_(pa.int8()))])
 PAIRS = schema.RESOLUTION_PAIRS
 
 
@@ -279,9 +283,23 @@ def order_free(core: str) -> str:
 def deletion_keys(text: str, min_chars: int) -> list[str]:
     """`text` with each one letter deleted (symmetric-deletion blocking): two strings within
     one substitution, insertion, deletion or transposition share at least one of these."""
-    if len(text) < min_chars:
-        return []
-    return sorted({text[:i] + text[i + 1:] for i in range(len(text)) if text[i] != " "})
+    keys = spelling_keys(pl.Series([text], dtype=pl.String), min_chars)["key"].to_list()
+    return sorted(key[2:] for key in keys if key[2:] != text)
+
+
+def spelling_keys(cores: pl.Series, min_chars: int) -> pl.DataFrame:
+    """(row, `d:` key) of each text of `cores` of at least `min_chars` characters: the text
+    itself and each of its `deletion_keys`, once (vectorized: a Python loop over each
+    name's deletions took 1.6 s of 8.6 s of blocking keys at 122,169 names)."""
+    texts = pl.DataFrame({"core": cores}).with_row_index("row").with_columns(
+        chars=pl.col("core").str.len_chars()).filter(pl.col("chars") >= min_chars)
+    at = pl.col("at")
+    deleted = (texts.with_columns(at=pl.int_ranges(0, pl.col("chars"))).explode("at")
+               .filter(pl.col("core").str.slice(at, 1) != " ")
+               .select("row", key=pl.col("core").str.slice(0, at)
+                       + pl.col("core").str.slice(at + 1)))
+    return pl.concat([texts.select("row", key="core"), deleted]).unique(
+        maintain_order=True).select(pl.col("row").cast(pl.Int64), key="d:" + pl.col("key"))
 
 
 def simhash_codes(vectors: np.ndarray, bands: int, bits: int) -> np.ndarray:
@@ -308,17 +326,18 @@ def sound_key(text: str) -> str:
     ("stephen", "steven" -> "stfn"); a text with a digit is its own key ("t-23")."""
     if _DIGITS.search(text):
         return f"={text}"
-    words = []
-    for word in text.split():
-        plain = _NOT_LETTER.sub("", unicodedata.normalize("NFKD", word).encode(
-            "ascii", "ignore").decode().lower())
-        if not plain:  # a script without Latin letters: the word itself
-            words.append(word)
-            continue
-        for pattern, sound in _SOUNDS:
-            plain = pattern.sub(sound, plain)
-        words.append(plain[0] + _REPEATS.sub(r"\1", _QUIET.sub("", plain[1:])))
-    return " ".join(words)
+    return " ".join(_word_sound(word) for word in text.split())
+
+
+@lru_cache(maxsize=2**18)  # words repeat (given names, surnames) where whole names do not
+def _word_sound(word: str) -> str:
+    plain = _NOT_LETTER.sub("", unicodedata.normalize("NFKD", word).encode(
+        "ascii", "ignore").decode().lower())
+    if not plain:  # a script without Latin letters: the word itself
+        return word
+    for pattern, sound in _SOUNDS:
+        plain = pattern.sub(sound, plain)
+    return plain[0] + _REPEATS.sub(r"\1", _QUIET.sub("", plain[1:]))
 
 
 def name_parts(core: str, name: str, personish: bool, config: ResolveConfig
@@ -356,6 +375,13 @@ def name_parts(core: str, name: str, personish: bool, config: ResolveConfig
     return keys
 
 
+@lru_cache(maxsize=4096)
+def _label_features(labels: tuple[str, ...]) -> tuple[bool, str, list[str]]:
+    """(personish, `label_class`, specific labels sorted) of a name's labels."""
+    return (bool(set(labels) & PERSONISH), label_class(list(labels)),
+            sorted(set(labels) - GENERIC_LABELS))
+
+
 def label_class(labels: list[str] | None) -> str:
     """What decides compatibility: places (L), other named things (N), or generic (""):
     names of two classes merge only when they share a specific label (a company that
@@ -364,43 +390,39 @@ def label_class(labels: list[str] | None) -> str:
     return "L" if "Location" in specific else ("N" if specific else "")
 
 
-def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
+def blocking_keys(nodes: pa.Table, config: ResolveConfig, vectors: bool = True) -> pa.Table:
     """Each name node under every blocking key it has; names meet only under a shared key:
     `c:` the order-free core name (legal forms, honorifics, abbreviations, word order),
     `d:` the core and its one-letter deletions (spelling variants), `s:` and `n:` a short
     name and the full names it can stand for (`name_parts`), `e<band>:` SimHash bands of the
-    name vector (which travels, as int8, only with these keys). A business record's node
-    (its key name, `mention_rows`) has these keys of its name (`Nancy Edwards`)."""
+    name vector. A business record's node (its key name, `mention_rows`) has these keys of
+    its name (`Nancy Edwards`). With `vectors`, each band row carries its name's int8 vector
+    (`name_vectors`), so that `candidate_pairs` decides embedding neighbours in one table;
+    the stage leaves them out and joins them onto the pairs the blocks find instead
+    (`near_decisions`): copied under each of 6 bands they were most of the bytes its shuffle
+    by block moved."""
     features: dict[str, list] = {name: [] for name in (
         "core", "cls", "specific", "digits", "lone", "personish")}
     owner: list[int] = []
     keys: list[str] = []
-    roles: list[str | None] = []
-    parts: list[str | None] = []
+    roles: list[str] = []
+    parts: list[str] = []
     for row, (normalized, name, node_labels, attributes) in enumerate(zip(
             nodes["normalized"].to_pylist(), nodes["name"].to_pylist(),
             nodes["labels"].to_pylist(), _attributes(nodes), strict=True)):
         if record_key(attributes) == normalized:  # a record: its name meets other names
             normalized = normalize_name(name)
         core = core_name(normalized, config)
-        key_core = order_free(core)
         tokens = core.split()
-        personish = bool(set(node_labels or ()) & PERSONISH)
-        lone = len(tokens) == 1 and name[:1].isupper()
-        node_keys = [f"c:{key_core}"]
-        spelling = deletion_keys(key_core, config.min_typo_chars)
-        if spelling:  # the name itself meets its variants' deletions
-            node_keys += [f"d:{k}" for k in (key_core, *spelling)]
-        short = name_parts(core, name, personish, config)
-        roles += [None] * len(node_keys) + [role for _, role, _ in short]
-        parts += [None] * len(node_keys) + [part for _, _, part in short]
-        node_keys += [key for key, _, _ in short]
-        keys += node_keys
-        owner += [row] * len(node_keys)
-        for column, value in (("core", key_core), ("cls", label_class(node_labels)),
-                              ("specific", sorted(set(node_labels or ()) - GENERIC_LABELS)),
+        personish, cls, specific = _label_features(tuple(node_labels or ()))
+        for key, role, part in name_parts(core, name, personish, config):
+            owner.append(row)
+            keys.append(key)
+            roles.append(role)
+            parts.append(part)
+        for column, value in (("core", order_free(core)), ("cls", cls), ("specific", specific),
                               ("digits", " ".join(_DIGITS.findall(normalized))),
-                              ("lone", lone),
+                              ("lone", len(tokens) == 1 and name[:1].isupper()),
                               ("personish", personish)):
             features[column].append(value)
     table = nodes.select(["group_id", "normalized"]).append_column(
@@ -411,30 +433,68 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
         table = table.append_column(column, nodes[column].cast(schema.TS)
                                     if column in nodes.column_names
                                     else pa.nulls(nodes.num_rows, schema.TS))
-    keyed = table.take(pa.array(owner, pa.int64())).append_column(
-        "key", pa.array(keys, pa.string())).append_column(
-        "role", pa.array(roles, pa.string())).append_column("part", pa.array(parts, pa.string()))
-    parts = [keyed.append_column("vector", pa.nulls(len(owner), pa.list_(pa.int8())))]
-    if ("name_embedding" in nodes.column_names and config.simhash_bands > 0
-            and nodes.num_rows > 0):
-        present = np.flatnonzero(pc.is_valid(nodes["name_embedding"]).to_numpy(
-            zero_copy_only=False))
-        if len(present):
-            embedded = nodes["name_embedding"].take(pa.array(present))
-            matrix = np.asarray(pc.list_flatten(embedded).to_numpy(),
-                                dtype=np.float32).reshape(len(present), -1)
-            bands = config.simhash_bands
-            codes = simhash_codes(matrix, bands, config.simhash_bits)
-            quantized = np.clip(np.rint(matrix * QUANT), -127, 127).astype(np.int8)
-            rows = np.repeat(np.arange(len(present)), bands)
-            flat = pa.array(quantized[rows].ravel(), pa.int8())
-            offsets = pa.array(np.arange(0, len(flat) + 1, matrix.shape[1], dtype=np.int32))
-            band_keys = [f"e{band}:{code}" for band, code in
-                         zip(np.tile(np.arange(bands), len(present)), codes.ravel(), strict=True)]
-            parts.append(table.take(pa.array(present[rows])).append_column(
-                "key", pa.array(band_keys, pa.string())).append_column(
-                "vector", pa.ListArray.from_arrays(offsets, flat)))
-    return pa.concat_tables([schema.conform(part, KEYED_NAMES) for part in parts])
+    keyed = [table.append_column("key", pc.binary_join_element_wise("c:", table["core"], "")),
+             table.take(pa.array(owner, pa.int64())).append_column(
+                 "key", pa.array(keys, pa.string())).append_column(
+                 "role", pa.array(roles, pa.string())).append_column(
+                 "part", pa.array(parts, pa.string()))]
+    # the name itself meets its variants' deletions
+    spelling = spelling_keys(pl.Series(features["core"], dtype=pl.String), config.min_typo_chars)
+    if spelling.height:
+        keyed.append(table.take(spelling["row"].to_arrow()).append_column(
+            "key", spelling["key"].to_arrow()))
+    embedded, band_keys = _bands(nodes, config)
+    if len(band_keys):
+        keyed.append(table.take(pa.array(embedded)).append_column("key", band_keys))
+    out = pa.concat_tables([schema.conform(part, KEYED_NAMES) for part in keyed])
+    if not vectors:
+        return out
+    carried = pa.nulls(out.num_rows - len(band_keys), pa.list_(pa.int8()))
+    if len(band_keys):  # the band rows come last, in `name_vectors`' order, bands together
+        bands = config.simhash_bands
+        own = name_vectors(nodes)["vector"].take(pa.array(
+            np.repeat(np.arange(len(band_keys) // bands), bands)))
+        carried = pa.concat_arrays([carried, own.combine_chunks()])
+    return out.append_column("vector", carried)
+
+
+def _embedded(nodes: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(indexes of the nodes with a name vector, their vectors as one float32 matrix)."""
+    if "name_embedding" not in nodes.column_names or nodes.num_rows == 0:
+        return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+    present = np.flatnonzero(pc.is_valid(nodes["name_embedding"]).to_numpy(
+        zero_copy_only=False))
+    if not len(present):
+        return present, np.zeros((0, 0), np.float32)
+    embedded = nodes["name_embedding"].take(pa.array(present))
+    return present, np.asarray(pc.list_flatten(embedded).to_numpy(),
+                               dtype=np.float32).reshape(len(present), -1)
+
+
+def _bands(nodes: pa.Table, config: ResolveConfig) -> tuple[np.ndarray, pa.Array]:
+    """(node index, `e<band>:<code>` key) of each SimHash band of each embedded name, a
+    name's bands together."""
+    present, matrix = _embedded(nodes)
+    bands = config.simhash_bands
+    if bands <= 0 or not len(present):
+        return np.zeros(0, np.int64), pa.array([], pa.string())
+    codes = simhash_codes(matrix, bands, config.simhash_bits)
+    keys = [f"e{band}:{code}" for band, code in
+            zip(np.tile(np.arange(bands), len(present)), codes.ravel(), strict=True)]
+    return np.repeat(present, bands), pa.array(keys, pa.string())
+
+
+def name_vectors(nodes: pa.Table) -> pa.Table:
+    """Each embedded name's vector as int8 (`QUANT`): what an embedding-neighbour pair
+    reads of its names (`near_decisions`)."""
+    present, matrix = _embedded(nodes)
+    quantized = np.clip(np.rint(matrix * QUANT), -127, 127).astype(np.int8)
+    flat = pa.array(quantized.ravel(), pa.int8())
+    offsets = pa.array(np.arange(len(present) + 1, dtype=np.int32) * quantized.shape[1])
+    index = pa.array(present, pa.int64())
+    return pa.table({"group_id": nodes["group_id"].take(index),
+                     "normalized": nodes["normalized"].take(index),
+                     "vector": pa.ListArray.from_arrays(offsets, flat)}, schema=NAME_VECTORS)
 
 
 PAIR_FEATURES = ("core", "cls", "specific", "digits")  # what a pair decision reads of a name
@@ -457,28 +517,48 @@ def _block_pairs(rows: pl.DataFrame, block: list[str]) -> pl.DataFrame:
             .join(other, on=["group_id", "normalized_b"]))
 
 
-def _cosines(vectors: pl.DataFrame, pairs: pl.DataFrame, chunk: int = 65_536) -> np.ndarray:
-    """Cosine of each (normalized, normalized_b) pair of one group from the names' int8
-    vectors (`vectors`: one row per name and band). Products of int8 values sum exactly in
-    float32 (at most 127^2 x dim < 2^24), so the result does not depend on the order."""
-    if pairs.height == 0:
-        return np.zeros(0)
-    index = (vectors.unique(["group_id", "normalized"], keep="first", maintain_order=True)
-             .select("group_id", "normalized", "vector").with_row_index("row"))
-    flat = pc.list_flatten(index["vector"].to_arrow())
-    matrix = np.asarray(flat.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(
-        index.height, -1)
-    rows = index.select("group_id", "normalized", "row")
-    found = (pairs.select("group_id", "normalized", "normalized_b").with_row_index("pair")
-             .join(rows, on=["group_id", "normalized"])
-             .join(rows.rename({"normalized": "normalized_b", "row": "row_b"}),
-                   on=["group_id", "normalized_b"]).sort("pair"))
-    a, b = found["row"].to_numpy(), found["row_b"].to_numpy()
-    out = np.empty(len(a))
-    for start in range(0, len(a), chunk):
+def near_decisions(pairs: pa.Table, config: ResolveConfig, chunk: int = 65_536
+                   ) -> pa.Table:
+    """Embedding neighbours decided (PAIRS): `pairs` are `candidate_pairs`' pending ones
+    (score null, `merge` whether both names are named things) with their names' int8
+    vectors joined on (`vector_a`, `vector_b`, `NAME_VECTORS`). A pair's score is its
+    cosine; it merges at `embedding_merge` and is kept for an adjudicator from
+    `embedding_ambiguous`. Products of int8 values sum exactly in float32 (at most 127^2 x
+    dim < 2^24), so the cosine does not depend on the order."""
+    if pairs.num_rows == 0:
+        return PAIRS.empty_table()
+    vectors = [np.asarray(pc.list_flatten(pairs[side]).to_numpy(zero_copy_only=False),
+                          dtype=np.float32).reshape(pairs.num_rows, -1)
+               for side in ("vector_a", "vector_b")]
+    cosine = np.empty(pairs.num_rows)
+    for start in range(0, pairs.num_rows, chunk):
         end = start + chunk
-        out[start:end] = np.einsum("ij,ij->i", matrix[a[start:end]], matrix[b[start:end]])
-    return out / QUANT**2
+        cosine[start:end] = np.einsum("ij,ij->i", vectors[0][start:end], vectors[1][start:end])
+    decided = pl.from_arrow(pairs.drop_columns(["vector_a", "vector_b"])).with_columns(
+        cosine=pl.Series(cosine / QUANT**2, dtype=pl.Float64)).filter(
+        pl.col("cosine") >= config.embedding_ambiguous).with_columns(
+        score=pl.col("cosine").round(4),
+        merge=pl.col("merge") & (pl.col("cosine") >= config.embedding_merge))
+    return schema.conform(decided.drop("cosine").to_arrow(), PAIRS)
+
+
+def pending(pairs: pa.Table, waiting: bool) -> pa.Table:
+    """`candidate_pairs`' embedding neighbours still without a cosine (`waiting`), or the
+    decided rest."""
+    unknown = pc.is_null(pairs["score"])
+    return pairs.filter(unknown if waiting else pc.invert(unknown))
+
+
+def with_vectors(pairs: pa.Table, vectors: pa.Table) -> pa.Table:
+    """`pairs` with both names' `NAME_VECTORS` attached (`vector_a`, `vector_b`), in one
+    table (the stage joins them by engine)."""
+    frame = pl.from_arrow(vectors)
+    joined = (pl.from_arrow(pairs)
+              .join(frame.rename({"normalized": "a", "vector": "vector_a"}),
+                    on=["group_id", "a"])
+              .join(frame.rename({"normalized": "b", "vector": "vector_b"}),
+                    on=["group_id", "b"]))
+    return joined.to_arrow()
 
 
 def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
@@ -496,12 +576,11 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
           .filter(pl.col("rank") < config.max_block))
     pairs = _block_pairs(df.filter(pl.col("kind").is_in(["c", "d"])), block).with_columns(
         cosine=pl.lit(0.0))
-    vectors = df.filter(pl.col("kind") == "e")
-    # A pair of names sharing several bands is one pair; its cosine is computed once, from
-    # one matrix row per name (the vectors of 860,000 band pairs of 6,500 names, copied
+    # A pair of names sharing several bands is one pair, its cosine computed once, after
+    # the blocks (`near_decisions`: the vectors of 860,000 band pairs of 6,500 names, copied
     # per pair, were 2.6 GB and 8 s).
-    near = _block_pairs(vectors, block)
-    near = near.with_columns(cosine=pl.Series(_cosines(vectors, near), dtype=pl.Float64))
+    near = _block_pairs(df.filter(pl.col("kind") == "e"), block).with_columns(
+        cosine=pl.lit(None, pl.Float64))
     columns = ["group_id", "kind", "normalized", "normalized_b", "cosine",
                *(f"{f}{side}" for f in PAIR_FEATURES for side in ("", "_b"))]
     pairs = pairs.select(columns)
@@ -540,9 +619,8 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
         .otherwise(pl.col("cosine").round(4)),
         merge=pl.when(kind == "c").then(pl.lit(True))
         .when(kind == "d").then(pl.col("similarity") >= config.min_similarity)
-        .otherwise((pl.col("cosine") >= config.embedding_merge) & named_both),
-        keep=pl.when(kind == "e").then(pl.col("cosine") >= config.embedding_ambiguous)
-        .when(kind == "d").then(pl.col("similarity") >= config.min_similarity)
+        .otherwise(named_both),  # and its cosine at embedding_merge: near_decisions
+        keep=pl.when(kind == "d").then(pl.col("similarity") >= config.min_similarity)
         .otherwise(pl.lit(True)),
     ).filter(pl.col("keep"))
     out = pl.concat([decided, short.with_columns(merge=pl.lit(True))], how="diagonal").select(
@@ -550,7 +628,15 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
         b=pl.max_horizontal("normalized", "normalized_b"),
         evidence="evidence", score="score", merge="merge")
     out = out.unique(["group_id", "a", "b", "evidence"], keep="first", maintain_order=True)
-    return schema.conform(out.sort(["group_id", "a", "b", "evidence"]).to_arrow(), PAIRS)
+    pairs = schema.conform(out.sort(["group_id", "a", "b", "evidence"]).to_arrow(), PAIRS)
+    if "vector" not in keyed.column_names:
+        return pairs  # embedding neighbours pending: the stage joins their vectors on
+    vectors = (pl.from_arrow(keyed.select(["group_id", "normalized", "vector"]))
+               .filter(pl.col("vector").is_not_null()).unique(["group_id", "normalized"])
+               .to_arrow())
+    near = near_decisions(with_vectors(pending(pairs, True), vectors), config)
+    frame = pl.from_arrow(pa.concat_tables([pending(pairs, False), near]))
+    return schema.conform(frame.sort(["group_id", "a", "b", "evidence"]).to_arrow(), PAIRS)
 
 
 def _one_meaning(matched: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
@@ -577,7 +663,7 @@ def _short_names(df: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
     of Stephen Dubner; an organisation's short name said alike is not one), an organisation's
     short form (`short_form`) or a code (`code`); each merges when it matches exactly one
     full name of its group (all of a short name's matches share its block)."""
-    rows = df.filter(pl.col("kind") == "s").drop("vector")
+    rows = df.filter(pl.col("kind") == "s").drop("vector", strict=False)
     selves = rows.filter(pl.col("role") == "self")
     matched = selves.join(rows.filter(pl.col("role") != "self"), on=["group_id", "key"],
                           suffix="_b").filter(pl.col("normalized") != pl.col("normalized_b"))
@@ -612,7 +698,7 @@ def _nicknames(df: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
     (`n:` blocks: Mel, Melanie), when the group's mentions of the two overlap in time: the
     nickname is used while that person is in the conversation (`nickname`). A name given
     in full by someone else too (Mel Gibson) makes it mean two."""
-    rows = df.filter(pl.col("kind") == "n").drop("vector")
+    rows = df.filter(pl.col("kind") == "n").drop("vector", strict=False)
     matched = rows.filter(pl.col("role") == "self").join(
         rows.filter(pl.col("role") == "given"), on=["group_id", "key"], suffix="_b").filter(
         (pl.col("normalized") != pl.col("normalized_b"))

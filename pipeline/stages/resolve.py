@@ -18,6 +18,7 @@ from tkg.pipeline.stages.common import (
     INTERNAL_PAIRS,
     join_alias_map,
     previous_table,
+    rename,
 )
 
 
@@ -38,11 +39,19 @@ def _undecided(pairs: Dataset) -> int:
     return engine.total(pairs, lambda block: int(pc.sum(pc.invert(block["merge"])).as_py() or 0))
 
 
-def _candidates(ctx: RunContext, keyed: Dataset) -> Dataset:
-    """Pair decisions of the blocks in `keyed` (shuffled by block)."""
-    return engine.shuffle(ctx, keyed, ["group_id", "key"], resolve.candidate_pairs,
-                          ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
-                          ).materialize()
+def _candidates(ctx: RunContext, keyed: Dataset, vectors: Dataset) -> Dataset:
+    """Pair decisions of the blocks in `keyed` (shuffled by block, without vectors), the
+    embedding neighbours among them decided on their names' `vectors`, joined on after."""
+    found = engine.shuffle(ctx, keyed, ["group_id", "key"], resolve.candidate_pairs,
+                           ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
+                           ).materialize()
+    near = engine.map(ctx, found, resolve.pending, True).materialize()
+    for side in ("a", "b"):
+        named = engine.map(ctx, vectors, rename({"normalized": side, "vector": f"vector_{side}"}))
+        near = engine.join(ctx, near, named.materialize(), "inner", ("group_id", side))
+    near = engine.map(ctx, near.materialize(), resolve.near_decisions, ctx.config.resolve)
+    return engine.union(ctx, engine.map(ctx, found, resolve.pending, False).materialize(),
+                        near.materialize()).materialize()
 
 
 def _adjudicated(ctx: RunContext, pairs: Dataset) -> Dataset:
@@ -83,7 +92,7 @@ def _part(ctx: RunContext, rows: Dataset, tag: str, table_schema: pa.Schema) -> 
     return engine.map(ctx, rows, resolve.untagged, tag, table_schema).materialize()
 
 
-def _pairs_against_stored(ctx: RunContext, keyed: Dataset, stored: Dataset,
+def _pairs_against_stored(ctx: RunContext, keyed: Dataset, vectors: Dataset, stored: Dataset,
                           new: Dataset) -> Dataset:
     """The pairs of a later run: the stored ones no name of tonight can alter, and the
     blocks tonight's names fall in decided again (`resolve.blocks_to_recompute`, per group);
@@ -97,7 +106,7 @@ def _pairs_against_stored(ctx: RunContext, keyed: Dataset, stored: Dataset,
     ctx.count("resolve_blocks_recomputed", blocks.count())  # computed: read off metadata
     # blocks are distinct (group_id, key): the inner join is the semi-join "keyed in blocks"
     fresh = _candidates(ctx, engine.join(ctx, keyed, blocks, "inner", ("group_id", "key")
-                                         ).materialize())
+                                         ).materialize(), vectors)
     known = _by_group(ctx, resolve.known_in_groups, fresh=fresh,
                       stored=_part(ctx, against, "dropped", resolve.PAIRS), changed=changed)
     decided = _adjudicated(ctx, _part(ctx, known, "tonight", resolve.PAIRS))
@@ -107,12 +116,14 @@ def _pairs_against_stored(ctx: RunContext, keyed: Dataset, stored: Dataset,
 
 
 def _resolved(ctx: RunContext, inputs: dict[str, Dataset],
-              decide: Callable[[Dataset], Dataset]) -> dict[str, Dataset]:
-    """Blocking keys, the pairs `decide` makes of them, connected components and entities,
-    each a shuffle keyed by group."""
+              decide: Callable[[Dataset, Dataset], Dataset]) -> dict[str, Dataset]:
+    """Blocking keys and name vectors, the pairs `decide` makes of them, connected
+    components and entities, each a shuffle keyed by group."""
     nodes = inputs["name_vectors"]
-    keyed = engine.map(ctx, nodes, resolve.blocking_keys, ctx.config.resolve).materialize()
-    pairs = decide(keyed)
+    keyed = engine.map(ctx, nodes, resolve.blocking_keys, ctx.config.resolve, False
+                       ).materialize()
+    vectors = engine.map(ctx, nodes, resolve.name_vectors).materialize()
+    pairs = decide(keyed, vectors)
     every_node = engine.map(ctx, nodes, resolve.node_pairs)
     alias_map = engine.shuffle(ctx, engine.union(ctx, pairs, every_node), ["group_id"],
                                resolve.cluster).materialize()
@@ -131,7 +142,8 @@ def _resolved(ctx: RunContext, inputs: dict[str, Dataset],
 
 def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Every block decided (the adjudicator asked about what the rules leave open)."""
-    return _resolved(ctx, inputs, lambda keyed: _adjudicated(ctx, _candidates(ctx, keyed)))
+    return _resolved(ctx, inputs, lambda keyed, vectors: _adjudicated(
+        ctx, _candidates(ctx, keyed, vectors)))
 
 
 def resolve_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -141,8 +153,8 @@ def resolve_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dat
     stored = _stored_pairs(ctx)
     if stored is None:
         return resolve_stage(ctx, inputs)
-    return _resolved(ctx, inputs, lambda keyed: _pairs_against_stored(
-        ctx, keyed, stored, inputs["extractions"]))
+    return _resolved(ctx, inputs, lambda keyed, vectors: _pairs_against_stored(
+        ctx, keyed, vectors, stored, inputs["extractions"]))
 
 
 STAGE = Stage("resolve", ("name_vectors", "extractions", "entity_mentions"),
