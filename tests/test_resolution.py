@@ -21,10 +21,14 @@ from tkg.pipeline.resolve import (
     distinct_pairs,
     known_in_groups,
     known_pairs,
+    name_vectors,
+    near_decisions,
     node_pairs,
     normalize_name,
+    pending,
     tagged,
     untagged,
+    with_vectors,
 )
 
 CONFIG = ResolveConfig()
@@ -130,6 +134,28 @@ def test_ambiguous_pairs_are_kept_for_the_adjudicator():
     pairs = candidate_pairs(blocking_keys(table, CONFIG), CONFIG).to_pylist()
     assert [(p["a"], p["b"], p["evidence"], p["merge"]) for p in pairs] == [
         ("globex", "initrode", "embedding", False)]
+
+
+def test_embedding_neighbours_decided_after_the_blocks_are_those_of_one_table():
+    """The stage's shuffle by block carries no vectors: the blocks leave embedding
+    neighbours pending (score null), and their names' vectors, joined on afterwards, decide
+    them as the blocks of one table with its vectors do."""
+    table = _nodes_table([
+        node("Globex", ("Organization",), 2, vector=_unit(1, 0, 0, 0)),
+        node("Initrode", ("Organization",), vector=_unit(1, 0.5, 0, 0)),  # adjudicator's
+        node("NYC", ("Location",), 2, vector=_unit(0, 1, 0, 0)),
+        node("New York City", ("Location",), vector=_unit(0, 1, 0.2, 0)),  # merges
+        node("biggest account", ("Concept",), vector=_unit(0, 0, 1, 0)),
+        node("largest account", ("Concept",), vector=_unit(0, 0, 1, 0.2)),  # generic
+        node("Daniel Okafor", vector=_unit(0, 0, 0, 1)), node("Daniel Okafur")])
+    found = candidate_pairs(blocking_keys(table, CONFIG, False), CONFIG)
+    waiting = pending(found, True)
+    assert waiting.num_rows >= 3 and set(waiting["evidence"].to_pylist()) == {"embedding"}
+    near = near_decisions(with_vectors(waiting, name_vectors(table)), CONFIG)
+    whole = candidate_pairs(blocking_keys(table, CONFIG), CONFIG)
+    assert _sorted(pa.concat_tables([pending(found, False), near])) == _sorted(whole)
+    assert {(p["a"], p["merge"]) for p in whole.to_pylist() if p["evidence"] == "embedding"
+            } == {("globex", False), ("new york city", True), ("biggest account", False)}
 
 
 def test_cluster_ids_are_deterministic():
