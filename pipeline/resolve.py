@@ -517,24 +517,27 @@ def _block_pairs(rows: pl.DataFrame, block: list[str]) -> pl.DataFrame:
             .join(other, on=["group_id", "normalized_b"]))
 
 
-def near_decisions(pairs: pa.Table, config: ResolveConfig, chunk: int = 65_536
-                   ) -> pa.Table:
+def near_decisions(pairs: pa.Table, vectors: pa.Table, config: ResolveConfig,
+                   chunk: int = 65_536) -> pa.Table:
     """Embedding neighbours decided (PAIRS): `pairs` are `candidate_pairs`' pending ones
-    (score null, `merge` whether both names are named things) with their names' int8
-    vectors joined on (`vector_a`, `vector_b`, `NAME_VECTORS`). A pair's score is its
-    cosine; it merges at `embedding_merge` and is kept for an adjudicator from
-    `embedding_ambiguous`. Products of int8 values sum exactly in float32 (at most 127^2 x
-    dim < 2^24), so the cosine does not depend on the order."""
-    if pairs.num_rows == 0:
+    (score null, `merge` whether both names are named things), `vectors` their names'
+    (`NAME_VECTORS`). A pair's score is its cosine; it merges at `embedding_merge` and is
+    kept for an adjudicator from `embedding_ambiguous`. Products of int8 values sum exactly
+    in float32 (at most 127^2 x dim < 2^24), so the cosine does not depend on the order."""
+    if pairs.num_rows == 0 or vectors.num_rows == 0:
         return PAIRS.empty_table()
-    vectors = [np.asarray(pc.list_flatten(pairs[side]).to_numpy(zero_copy_only=False),
-                          dtype=np.float32).reshape(pairs.num_rows, -1)
-               for side in ("vector_a", "vector_b")]
-    cosine = np.empty(pairs.num_rows)
-    for start in range(0, pairs.num_rows, chunk):
+    index = pl.from_arrow(vectors.select(["group_id", "normalized"])).with_row_index("row")
+    matrix = np.asarray(pc.list_flatten(vectors["vector"]).to_numpy(zero_copy_only=False),
+                        dtype=np.int8).reshape(vectors.num_rows, -1)
+    found = (pl.from_arrow(pairs).join(index.rename({"normalized": "a"}), on=["group_id", "a"])
+             .join(index.rename({"normalized": "b", "row": "row_b"}), on=["group_id", "b"]))
+    a, b = found["row"].to_numpy(), found["row_b"].to_numpy()
+    cosine = np.empty(found.height)
+    for start in range(0, found.height, chunk):
         end = start + chunk
-        cosine[start:end] = np.einsum("ij,ij->i", vectors[0][start:end], vectors[1][start:end])
-    decided = pl.from_arrow(pairs.drop_columns(["vector_a", "vector_b"])).with_columns(
+        cosine[start:end] = np.einsum("ij,ij->i", matrix[a[start:end]].astype(np.float32),
+                                      matrix[b[start:end]].astype(np.float32))
+    decided = found.drop("row", "row_b").with_columns(
         cosine=pl.Series(cosine / QUANT**2, dtype=pl.Float64)).filter(
         pl.col("cosine") >= config.embedding_ambiguous).with_columns(
         score=pl.col("cosine").round(4),
@@ -549,16 +552,25 @@ def pending(pairs: pa.Table, waiting: bool) -> pa.Table:
     return pairs.filter(unknown if waiting else pc.invert(unknown))
 
 
-def with_vectors(pairs: pa.Table, vectors: pa.Table) -> pa.Table:
-    """`pairs` with both names' `NAME_VECTORS` attached (`vector_a`, `vector_b`), in one
-    table (the stage joins them by engine)."""
-    frame = pl.from_arrow(vectors)
-    joined = (pl.from_arrow(pairs)
-              .join(frame.rename({"normalized": "a", "vector": "vector_a"}),
-                    on=["group_id", "a"])
-              .join(frame.rename({"normalized": "b", "vector": "vector_b"}),
-                    on=["group_id", "b"]))
-    return joined.to_arrow()
+# The stage decides pending pairs in a shuffle by group (`engine.shuffle_together`) with
+# their group's name vectors: each vector moves once, where two joins (by a, then by b)
+# moved each pair with a vector of 384 bytes through a second shuffle.
+NEAR_TAGGED = pa.schema([("tag", pa.string()), *PAIRS, *NAME_VECTORS.remove(0)])
+
+
+def near_tagged(table: pa.Table, tag: str) -> pa.Table:
+    """Pending pairs or `NAME_VECTORS` as `NEAR_TAGGED` rows marked `tag`."""
+    marks = pa.array([tag] * table.num_rows, pa.string())
+    return schema.conform(table, NEAR_TAGGED).set_column(0, "tag", marks)
+
+
+def near_in_groups(rows: pa.Table, config: ResolveConfig) -> pa.Table:
+    """`near_decisions` over the `NEAR_TAGGED` rows of whole groups: pending pairs ("pair")
+    and their names' vectors ("vector")."""
+    def part(tag: str, table_schema: pa.Schema) -> pa.Table:
+        return schema.conform(rows.filter(pc.equal(rows["tag"], tag)), table_schema)
+
+    return near_decisions(part("pair", PAIRS), part("vector", NAME_VECTORS), config)
 
 
 def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
@@ -634,7 +646,7 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     vectors = (pl.from_arrow(keyed.select(["group_id", "normalized", "vector"]))
                .filter(pl.col("vector").is_not_null()).unique(["group_id", "normalized"])
                .to_arrow())
-    near = near_decisions(with_vectors(pending(pairs, True), vectors), config)
+    near = near_decisions(pending(pairs, True), vectors, config)
     frame = pl.from_arrow(pa.concat_tables([pending(pairs, False), near]))
     return schema.conform(frame.sort(["group_id", "a", "b", "evidence"]).to_arrow(), PAIRS)
 

@@ -28,7 +28,6 @@ from tkg.pipeline.resolve import (
     pending,
     tagged,
     untagged,
-    with_vectors,
 )
 
 CONFIG = ResolveConfig()
@@ -151,7 +150,7 @@ def test_embedding_neighbours_decided_after_the_blocks_are_those_of_one_table():
     found = candidate_pairs(blocking_keys(table, CONFIG, False), CONFIG)
     waiting = pending(found, True)
     assert waiting.num_rows >= 3 and set(waiting["evidence"].to_pylist()) == {"embedding"}
-    near = near_decisions(with_vectors(waiting, name_vectors(table)), CONFIG)
+    near = near_decisions(waiting, name_vectors(table), CONFIG)
     whole = candidate_pairs(blocking_keys(table, CONFIG), CONFIG)
     assert _sorted(pa.concat_tables([pending(found, False), near])) == _sorted(whole)
     assert {(p["a"], p["merge"]) for p in whole.to_pylist() if p["evidence"] == "embedding"

@@ -18,7 +18,6 @@ from tkg.pipeline.stages.common import (
     INTERNAL_PAIRS,
     join_alias_map,
     previous_table,
-    rename,
 )
 
 
@@ -40,18 +39,20 @@ def _undecided(pairs: Dataset) -> int:
 
 
 def _candidates(ctx: RunContext, keyed: Dataset, vectors: Dataset) -> Dataset:
-    """Pair decisions of the blocks in `keyed` (shuffled by block, without vectors), the
-    embedding neighbours among them decided on their names' `vectors`, joined on after."""
+    """Pair decisions of the blocks in `keyed` (shuffled by block, without vectors); the
+    embedding neighbours they leave pending are decided with their group's name `vectors`
+    (`resolve.near_in_groups`, a shuffle by group)."""
     found = engine.shuffle(ctx, keyed, ["group_id", "key"], resolve.candidate_pairs,
                            ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
                            ).materialize()
-    near = engine.map(ctx, found, resolve.pending, True).materialize()
-    for side in ("a", "b"):
-        named = engine.map(ctx, vectors, rename({"normalized": side, "vector": f"vector_{side}"}))
-        near = engine.join(ctx, near, named.materialize(), "inner", ("group_id", side))
-    near = engine.map(ctx, near.materialize(), resolve.near_decisions, ctx.config.resolve)
-    return engine.union(ctx, engine.map(ctx, found, resolve.pending, False).materialize(),
-                        near.materialize()).materialize()
+    decided = engine.map(ctx, found, resolve.pending, False).materialize()
+    waiting = engine.map(ctx, found, resolve.pending, True).materialize()
+    if waiting.count() == 0:  # computed: read off metadata
+        return decided
+    near = engine.shuffle_together(ctx, {"pair": waiting, "vector": vectors}, ["group_id"],
+                                   resolve.near_tagged, resolve.near_in_groups,
+                                   ctx.config.resolve)
+    return engine.union(ctx, decided, near.materialize()).materialize()
 
 
 def _adjudicated(ctx: RunContext, pairs: Dataset) -> Dataset:
