@@ -44,6 +44,13 @@ def test_every_record_is_one_entity(chinook, catalog):
     assert records_by_label(catalog) == {"Customer": 59, "Employee": 8, "Invoice": 412}
     names = {name for _, name in record_entities(catalog).values()}
     assert {"Andrew Adams", "Nancy Edwards", "Jane Peacock", "Luís Gonçalves"} <= names
+    # an employee is a Person, however often others' records refer to it as Employee
+    employees = [entity for key, (entity, _) in record_entities(catalog).items()
+                 if key.startswith("Employee ")]
+    labels = catalog.execute(
+        f"SELECT name, labels FROM entities WHERE entity_id IN "
+        f"({', '.join('?' * len(employees))})", employees).fetchall()
+    assert len(labels) == 8 and all(list(found) == ["Person"] for _, found in labels), labels
 
 
 def test_reference_edges_match_the_fixture_keys(chinook, catalog):
