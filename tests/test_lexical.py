@@ -112,3 +112,54 @@ def test_overlap_counts_the_query_terms_each_row_contains():
     memory = TermIndex.build(pa.array(["Alice works at Acme", "Bob runs", None, "acme acme"]))
     assert memory.overlap(np.array([0, 1, 2, 3]), "Acme working Bob the").tolist() == [
         2, 1, 0, 1]  # distinct terms: "acme" twice in row 3 counts once
+
+
+def test_visibility_asked_of_the_best_rows_first_gives_the_answer_of_asking_all():
+    """`search` asks `visible` of the rows at the top first, and of every row only when too
+    few of those are visible: the answer is the one of filtering the full ranking, whether
+    the hidden rows are the best, the worst, every other one or tied at the cut-off."""
+    rng = np.random.default_rng(7)
+    words = [f"w{i}" for i in range(12)]
+    memory = TermIndex.build(pa.array([" ".join(rng.choice(words, size=rng.integers(1, 6)))
+                                       for _ in range(3000)]))
+    newest = rng.integers(0, 5, size=3000)
+    full = memory.search("w1 w2 w3", [(0, 3000)], 3000, newest=newest)
+    ranked = [row for row, _ in full]
+    hides = {"best": ranked[:40], "worst": ranked[-2000:], "every other": ranked[::2],
+             "all but 3": ranked[3:], "none": []}
+    for name, rows in hides.items():
+        hidden = np.zeros(3000, dtype=bool)
+        hidden[rows] = True
+
+        def visible(asked: np.ndarray, hidden: np.ndarray = hidden) -> np.ndarray:
+            return ~hidden[asked]
+
+        for limit in (1, 10, 40):
+            expected = [(r, s) for r, s in full if not hidden[r]][:limit]
+            assert memory.search("w1 w2 w3", [(0, 3000)], limit, visible,
+                                 newest=newest) == expected, (name, limit)
+
+
+def test_the_best_visible_cosines_are_those_of_asking_every_row():
+    """`search._best_visible` (the exact scan's cut) picks the set the visible rows' own
+    argpartition does, ties at the cut-off included."""
+    from tkg.query.search import _best_visible
+
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        scores = rng.integers(0, 30 if trial % 2 else 10_000, size=500).astype(np.float32)
+        rows = np.arange(1000, 1500)
+        hidden = rng.random(500) < (0.05, 0.5, 0.98)[trial % 3]
+
+        def visible(asked: np.ndarray, hidden: np.ndarray = hidden) -> np.ndarray:
+            return ~hidden[asked - 1000]
+
+        limit = int(rng.integers(1, 60))
+        got_rows, got_scores = _best_visible(rows, scores, limit, visible)
+        keep = ~hidden
+        shown_rows, shown_scores = rows[keep], scores[keep]
+        if len(shown_rows) > limit:
+            top = np.argpartition(-shown_scores, limit - 1)[:limit]
+            shown_rows, shown_scores = shown_rows[top], shown_scores[top]
+        assert sorted(got_rows.tolist()) == sorted(shown_rows.tolist()), trial
+        assert sorted(got_scores.tolist()) == sorted(shown_scores.tolist()), trial
