@@ -101,12 +101,17 @@ def test_bench_serve(capfd, tmp_path):
 
 
 def test_bench_incremental(ray_session, config_file, capfd):
+    """Synthetic models (what the 10k-160k store figures use); the models' incremental
+    runs are tests/test_incremental.py's."""
     figures = _bench(capfd, "incremental", "--episodes", "40", "--new", "10",
-                     "--config", config_file)
+                     "--embed", "synthetic", "--extract", "synthetic", "--config", config_file)
     assert (figures["episodes"], figures["new"]) == (40, 10)
+    assert (figures["embed"], figures["extract"]) == ("synthetic", "synthetic")
     assert figures["full_seconds"] > 0 and figures["incremental_seconds"] > 0
     assert figures["rows_written"] > 0 and figures["rows_read"] > 0
     assert figures["facts_current"] <= figures["facts"]
+    assert figures["night_peak_driver_rss_mb"] >= figures["night_start_driver_rss_mb"] > 0
+    assert figures["night_driver_rss_growth_mb"] >= 0
 
 
 def test_bench_scale(ray_session, config_file, capfd):
@@ -119,6 +124,7 @@ def test_bench_scale(ray_session, config_file, capfd):
     for run in (driver, ray_data):
         assert run["peak_driver_rss_mb"] > 0 and run["spilled_mb"] >= 0
         assert run["stages"]["extract"]["in"] == 60 and run["stages"]["facts"]["out"] > 0
+        assert all(s["peak_driver_rss_mb"] > 0 for s in run["stages"].values())
     assert ray_data["peak_worker_rss_mb"] > 0  # actor pools and Ray Data tasks ran
 
 

@@ -1,9 +1,19 @@
 """`tkg bench incremental`: a full build of N synthetic episodes, then a run of M newer ones
-into the same store; what the night costs next to what the store cost."""
+into the same store; what the night costs next to what the store cost. It also gives the
+driver's memory in the night. `--embed synthetic` and `--extract synthetic` take the models
+out (as in `tkg bench scale`), so that stores of 10^5 episodes are built in minutes on 2
+cores and what grows with the store is the non-model work.
+
+The night runs in the process that built the store, so its driver RSS starts from what the
+full build left (freed heap returned first: `_release_memory`); `night_driver_rss_growth_mb`
+is the night's own peak over its start, the figure that must not grow with the store."""
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import gc
 import json
 import tempfile
 import time
@@ -11,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tkg.jobs.bench.figures import print_figures, report_ray_bench
+from tkg.jobs.bench.scale import MB, PeakMemory, bench_config
 from tkg.jobs.bench.synth import generate_episodes, write_jsonl
 
 # Counted by the stages for every row they read from the previous snapshot.
@@ -24,41 +35,65 @@ def _episodes(total: int, seed: int, groups: int) -> list[dict]:
                   key=lambda r: r.get("timestamp") or r.get("valid_at") or "")
 
 
-def _run_rows(work: Path) -> dict[str, int]:
-    """Rows a run's stages wrote (their outputs) and read from the previous snapshot, from
-    the markers the runner leaves in the work dir."""
-    written = read = 0
-    for marker in work.glob("*/_SUCCESS.json"):
+def _run_rows(work: Path) -> dict[str, Any]:
+    """Rows a run's stages wrote (their outputs) and read from the previous snapshot, in
+    all and per stage, from the markers the runner leaves in the work dir."""
+    stages: dict[str, dict[str, int]] = {}
+    for marker in sorted(work.glob("*/_SUCCESS.json")):
         record = json.loads(marker.read_text())
-        written += sum((record.get("rows") or {}).values())
-        read += (record.get("counters") or {}).get(PREVIOUS_ROWS, 0)
-    return {"rows_written": written, "rows_read": read}
+        stages[marker.parent.name] = {
+            "written": sum((record.get("rows") or {}).values()),
+            "read": (record.get("counters") or {}).get(PREVIOUS_ROWS, 0)}
+    return {"rows_written": sum(s["written"] for s in stages.values()),
+            "rows_read": sum(s["read"] for s in stages.values()), "stage_rows": stages}
+
+
+def _release_memory() -> int:
+    """Return the heap freed since the full build to the system (Python's, Arrow's pool,
+    glibc's arenas), so the night's RSS starts from what is still held; the RSS after."""
+    import psutil
+    import pyarrow as pa
+
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    libc = ctypes.util.find_library("c")
+    if libc:
+        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None)
+        if trim is not None:  # glibc only
+            trim(0)
+    return psutil.Process().memory_info().rss
 
 
 def bench_incremental(episodes: int, new: int, *, config_path: str | None = None,
-                      seed: int = 7, groups: int = 3, workdir: str | None = None
-                      ) -> dict[str, Any]:
+                      seed: int = 7, groups: int = 3, workdir: str | None = None,
+                      embed: str = "model", extract: str = "model") -> dict[str, Any]:
     """Build `episodes` records, then the `new` newer ones into the same store."""
     from tkg.pipeline.build import build, init_ray
     from tkg.pipeline.config import load_config
 
-    config = load_config(config_path)
+    config = bench_config(load_config(config_path), "driver", embed, extract)
     records = _episodes(episodes + new, seed, groups)
     with tempfile.TemporaryDirectory(prefix="tkg-bench-incr-") as tmp:
         root = Path(workdir or tmp)
         old = write_jsonl(records[:episodes], root / "input" / "old" / "episodes.jsonl")
         fresh = write_jsonl(records[episodes:], root / "input" / "new" / "episodes.jsonl")
+        del records
         init_ray(config)
         started = time.perf_counter()
-        full = build(config, [str(old)], root / "store")
+        with PeakMemory() as full_memory:
+            full = build(config, [str(old)], root / "store")
         full_seconds = time.perf_counter() - started
+        night_start = _release_memory()
         started = time.perf_counter()
-        incremental = build(config, [str(fresh)], root / "store")
+        with PeakMemory() as night_memory:
+            incremental = build(config, [str(fresh)], root / "store")
         incremental_seconds = time.perf_counter() - started
         rows = _run_rows(root / "store" / "work" / incremental.summary["run_id"])
     summary = incremental.summary
+    night = night_memory.figures()
     return {
-        "episodes": episodes, "new": new, "groups": groups,
+        "episodes": episodes, "new": new, "groups": groups, "embed": embed,
+        "extract": extract,
         "full_seconds": round(full_seconds, 2),
         "incremental_seconds": round(incremental_seconds, 2),
         "ratio": round(incremental_seconds / full_seconds, 3) if full_seconds else None,
@@ -67,6 +102,11 @@ def bench_incremental(episodes: int, new: int, *, config_path: str | None = None
         **rows,
         "entities": summary["entities"], "facts": summary["facts"],
         "facts_current": summary["facts_current"],
+        "full_peak_driver_rss_mb": full_memory.figures()["peak_driver_rss_mb"],
+        "night_start_driver_rss_mb": round(night_start / MB, 1),
+        "night_peak_driver_rss_mb": night["peak_driver_rss_mb"],
+        "night_driver_rss_growth_mb": round(night["peak_driver_rss_mb"] - night_start / MB, 1),
+        "night_peak_worker_rss_mb": night["peak_worker_rss_mb"],
     }
 
 
@@ -78,6 +118,10 @@ def add_command(benches: argparse._SubParsersAction) -> None:
     bench.add_argument("--groups", type=int, default=3)
     bench.add_argument("--seed", type=int, default=7)
     bench.add_argument("--config", default=None)
+    bench.add_argument("--embed", choices=("synthetic", "model"), default="model",
+                       help="synthetic: seeded vectors, no model (the configured one: model)")
+    bench.add_argument("--extract", choices=("synthetic", "model"), default="model",
+                       help="synthetic: a regex extractor, no model")
     bench.add_argument("--workdir", default=None, help="keep inputs and store here")
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(fn=run_command)
@@ -86,7 +130,8 @@ def add_command(benches: argparse._SubParsersAction) -> None:
 def run_command(args: argparse.Namespace) -> int:
     return report_ray_bench(
         lambda: bench_incremental(args.episodes, args.new, config_path=args.config,
-                                  seed=args.seed, groups=args.groups, workdir=args.workdir),
+                                  seed=args.seed, groups=args.groups, workdir=args.workdir,
+                                  embed=args.embed, extract=args.extract),
         args.json,
         lambda figures: print_figures(f"tkg bench incremental: {figures['episodes']:,} + "
                                       f"{figures['new']:,} episodes", figures))

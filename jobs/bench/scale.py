@@ -39,6 +39,7 @@ class PeakMemory:
 
         self.me = psutil.Process()
         self.driver = self.worker = 0
+        self.samples: list[tuple[float, int]] = []  # (perf_counter, driver RSS)
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name="peak-memory")
 
@@ -58,7 +59,9 @@ class PeakMemory:
     def _sample(self) -> None:
         import psutil
 
-        self.driver = max(self.driver, self.me.memory_info().rss)
+        rss = self.me.memory_info().rss
+        self.samples.append((time.perf_counter(), rss))
+        self.driver = max(self.driver, rss)
         for process in psutil.process_iter(["cmdline", "memory_info"]):
             cmdline = process.info.get("cmdline") or []
             memory = process.info.get("memory_info")
@@ -68,6 +71,21 @@ class PeakMemory:
     def figures(self) -> dict[str, float]:
         return {"peak_driver_rss_mb": round(self.driver / MB, 1),
                 "peak_worker_rss_mb": round(self.worker / MB, 1)}
+
+    def stage_peaks(self, seconds: dict[str, float], ended: float) -> dict[str, float]:
+        """The driver's peak RSS (MB) during each stage, the stages laid end to end back
+        from `ended` (the build's end: what comes before the first stage, Ray's start and
+        the config, is not a stage's). A stage shorter than the sampling interval gets the
+        first sample after it began."""
+        peaks: dict[str, float] = {}
+        stop = ended
+        for name, spent in reversed(list(seconds.items())):
+            start = stop - spent
+            inside = [rss for at, rss in self.samples if start <= at <= stop]
+            after = [rss for at, rss in self.samples if at >= start][:1]
+            peaks[name] = round(max(inside or after or [0]) / MB, 1)
+            stop = start
+        return peaks
 
 
 def spilled_bytes() -> int:
@@ -122,8 +140,11 @@ def build_once(config: Any, inputs: Path, store: Path, episodes: int) -> dict[st
     started = time.perf_counter()
     with PeakMemory() as memory:
         result = build(config, [str(inputs)], store, run_id="scale")
-    wall = time.perf_counter() - started
+        ended = time.perf_counter()
+    wall = ended - started
     rows = stage_rows(store / "work" / "scale")
+    seconds = result.summary["seconds"]
+    peaks = memory.stage_peaks(seconds, ended)
     return {
         "wall_seconds": round(wall, 2),
         "episodes_per_second": round(episodes / wall, 1) if wall else None,
@@ -131,8 +152,9 @@ def build_once(config: Any, inputs: Path, store: Path, episodes: int) -> dict[st
         "spilled_mb": round((spilled_bytes() - spilled) / MB, 1),
         "entities": result.summary["entities"], "facts": result.summary["facts"],
         "communities": result.summary["communities"],
-        "stages": {name: {"seconds": seconds, **rows.get(name, {})}
-                   for name, seconds in result.summary["seconds"].items()},
+        "stages": {name: {"seconds": spent, **rows.get(name, {}),
+                          "peak_driver_rss_mb": peaks[name]}
+                   for name, spent in seconds.items()},
     }
 
 
@@ -177,7 +199,8 @@ def print_bench(figures: dict[str, Any]) -> None:
         for run in runs.values():
             s = run["stages"].get(stage, {})
             rows = f" ({s['in']:,} -> {s['out']:,})" if "in" in s else ""
-            cells.append(f"{s.get('seconds', 0):.2f} s{rows}")
+            rss = f", {s['peak_driver_rss_mb']:,.0f} MB" if "peak_driver_rss_mb" in s else ""
+            cells.append(f"{s.get('seconds', 0):.2f} s{rows}{rss}")
         table.add_row(f"stage {stage}", *cells)
     Console(width=140).print(table)
 
