@@ -554,7 +554,8 @@ def pending(pairs: pa.Table, waiting: bool) -> pa.Table:
 
 # The stage decides pending pairs in a shuffle by group (`engine.shuffle_together`) with
 # their group's name vectors: each vector moves once, where two joins (by a, then by b)
-# moved each pair with a vector of 384 bytes through a second shuffle.
+# moved each pair with a vector of 384 bytes through a second shuffle. The decided pairs
+# pass through it too: splitting them off first cost three more Ray Data steps a build.
 NEAR_TAGGED = pa.schema([("tag", pa.string()), *PAIRS, *NAME_VECTORS.remove(0)])
 
 
@@ -565,12 +566,14 @@ def near_tagged(table: pa.Table, tag: str) -> pa.Table:
 
 
 def near_in_groups(rows: pa.Table, config: ResolveConfig) -> pa.Table:
-    """`near_decisions` over the `NEAR_TAGGED` rows of whole groups: pending pairs ("pair")
-    and their names' vectors ("vector")."""
+    """The `NEAR_TAGGED` rows of whole groups, `candidate_pairs`' pairs ("pair") and their
+    names' vectors ("vector"), as decided pairs: the pending ones by `near_decisions`."""
     def part(tag: str, table_schema: pa.Schema) -> pa.Table:
         return schema.conform(rows.filter(pc.equal(rows["tag"], tag)), table_schema)
 
-    return near_decisions(part("pair", PAIRS), part("vector", NAME_VECTORS), config)
+    pairs = part("pair", PAIRS)
+    return pa.concat_tables([pending(pairs, False), near_decisions(
+        pending(pairs, True), part("vector", NAME_VECTORS), config)])
 
 
 def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:

@@ -41,18 +41,15 @@ def _undecided(pairs: Dataset) -> int:
 def _candidates(ctx: RunContext, keyed: Dataset, vectors: Dataset) -> Dataset:
     """Pair decisions of the blocks in `keyed` (shuffled by block, without vectors); the
     embedding neighbours they leave pending are decided with their group's name `vectors`
-    (`resolve.near_in_groups`, a shuffle by group)."""
+    (`resolve.near_in_groups`, in a shuffle by group)."""
     found = engine.shuffle(ctx, keyed, ["group_id", "key"], resolve.candidate_pairs,
                            ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
                            ).materialize()
-    decided = engine.map(ctx, found, resolve.pending, False).materialize()
-    waiting = engine.map(ctx, found, resolve.pending, True).materialize()
-    if waiting.count() == 0:  # computed: read off metadata
-        return decided
-    near = engine.shuffle_together(ctx, {"pair": waiting, "vector": vectors}, ["group_id"],
+    if vectors.count() == 0:  # computed: read off metadata
+        return found  # no name vectors, no embedding neighbours
+    return engine.shuffle_together(ctx, {"pair": found, "vector": vectors}, ["group_id"],
                                    resolve.near_tagged, resolve.near_in_groups,
-                                   ctx.config.resolve)
-    return engine.union(ctx, decided, near.materialize()).materialize()
+                                   ctx.config.resolve).materialize()
 
 
 def _adjudicated(ctx: RunContext, pairs: Dataset) -> Dataset:
