@@ -130,6 +130,35 @@ def test_record_without_key_uses_the_callers_id():
     assert extract_record(episode).entities[0].name == "Event rec-9"
 
 
+def test_a_records_source_section_changes_how_its_records_map():
+    """Issue 25: `"state": "AB"` became the relation STATUS and no config key changed how
+    records map. Inferred, a short code is an attribute; `records.sources` sets the key,
+    label, name, references, entity and attribute fields, dropped fields and relation names."""
+    from tkg.pipeline.config import RecordsConfig
+
+    data = {"staff_no": 3, "employee_id": 99, "firstname": "Jane", "lastname": "Peacock",
+            "reports_to_id": 2, "state": "AB", "city": "Calgary", "phone": "+1 403 262 3443",
+            "title": "Sales Support Agent"}
+    episode = EpisodeInput("e", "hr", "json", json.dumps(data), T_REF, source="hr.staff")
+    inferred = extract_record(episode)
+    assert {e.name for e in inferred.entities} >= {"Jane Peacock", "Calgary"}
+    assert "AB" not in {e.name for e in inferred.entities}
+    assert not [f for f in inferred.facts if f.relation in ("STATUS", "STATE")]
+    assert json.loads(inferred.entities[0].attributes)["state"] == "AB"
+    configured = extract_record(episode, config=RecordsConfig.model_validate({"sources": {
+        "hr.staff": {"key": "staff_no", "label": "Employee", "name_fields": ["lastname"],
+                     "references": {"reports_to_id": "Employee"}, "entities": ["state"],
+                     "attributes": ["city"], "drop": ["title", "employee_id"],
+                     "relations": {"state": "IN_PROVINCE", "reports_to_id": "MANAGED_BY"}}}}))
+    own = configured.entities[0]
+    assert (own.name, own.label) == ("Peacock", "Person")  # an Employee record is a person
+    assert triples(configured) == {("Employee 3", "MANAGED_BY", "Employee 2"),
+                                   ("Employee 3", "IN_PROVINCE", "AB")}
+    assert json.loads(own.attributes) == {"record": "Employee 3", "staff_no": 3,
+                                          "firstname": "Jane", "city": "Calgary",
+                                          "phone": "+1 403 262 3443"}
+
+
 def test_labels_and_record_text():
     assert label_of("crm.customers") == "Customer"
     assert label_of("support.tickets") == "Ticket"
