@@ -572,8 +572,10 @@ def near_in_groups(rows: pa.Table, config: ResolveConfig) -> pa.Table:
         return schema.conform(rows.filter(pc.equal(rows["tag"], tag)), table_schema)
 
     pairs = part("pair", PAIRS)
-    return pa.concat_tables([pending(pairs, False), near_decisions(
-        pending(pairs, True), part("vector", NAME_VECTORS), config)])
+    # one row per pair: blocks of one group meet in different partitions, and a pair two
+    # keys found would be published twice (the forget test's rebuilt store had 2 more rows)
+    return distinct_pairs(pa.concat_tables([pending(pairs, False), near_decisions(
+        pending(pairs, True), part("vector", NAME_VECTORS), config)]))
 
 
 def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:

@@ -45,8 +45,8 @@ def _candidates(ctx: RunContext, keyed: Dataset, vectors: Dataset) -> Dataset:
     found = engine.shuffle(ctx, keyed, ["group_id", "key"], resolve.candidate_pairs,
                            ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
                            ).materialize()
-    if vectors.count() == 0:  # computed: read off metadata
-        return found  # no name vectors, no embedding neighbours
+    if vectors.count() == 0:  # computed: read off metadata; no embedding neighbours
+        return engine.shuffle(ctx, found, ["group_id"], resolve.distinct_pairs).materialize()
     return engine.shuffle_together(ctx, {"pair": found, "vector": vectors}, ["group_id"],
                                    resolve.near_tagged, resolve.near_in_groups,
                                    ctx.config.resolve).materialize()
