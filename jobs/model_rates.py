@@ -50,16 +50,17 @@ PROMPT_TOKENS, COMPLETION_TOKENS = 700, 200
 def dump_texts(store: str, out: Path) -> dict[str, Any]:
     """The texts a build of `store` embedded, and the tokenizer, into `out`."""
     import pyarrow as pa
-    from tkg.pipeline import storage
+    from tkg.pipeline import schema
     from tkg.pipeline.embed import model_path
     from tkg.pipeline.episode_kinds import embed_texts
-    from tkg.pipeline.store import current_snapshot, table_files
+    from tkg.pipeline.store import current_snapshot, read_table
 
     snapshot = current_snapshot(store)
 
     def table(name: str, columns: list[str] | None = None) -> pa.Table:
-        return pa.concat_tables([storage.read_parquet(f, columns)
-                                 for f in table_files(snapshot, name)])
+        published = schema.PUBLISHED[name](1)  # the width matters only to vector columns
+        return read_table(snapshot, name, published, columns or [
+            f.name for f in published if not pa.types.is_fixed_size_list(f.type)])
 
     episodes = table("episodes")
     texts = {"episodes_built": episodes.num_rows, "episodes": embed_texts(episodes),
