@@ -23,6 +23,7 @@ import numpy as np
 from tkg.pipeline import visibility
 from tkg.pipeline.config import GROUP_ID_PATTERN, QueryConfig
 from tkg.pipeline.index import PAST
+from tkg.query.hits import best_visible
 from tkg.query.snapshot import Kind, QueryError, Snapshot
 
 RELATION_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,127}")
@@ -174,35 +175,12 @@ def exact_cosine(snapshot: Snapshot, kind: str, vector: np.ndarray, scope: Scope
     scores = np.concatenate([np.einsum("ij,j->i", table.vectors[start:end], query)
                              for start, end in spans])
     rows_all = np.concatenate([np.arange(start, end) for start, end in spans])
-    rows_all, scores = _best_visible(rows_all, scores, limit,
-                                     lambda rows: visible_mask(snapshot, kind, rows, scope))
+    best = best_visible(rows_all, scores, limit,
+                        lambda rows: visible_mask(snapshot, kind, rows, scope), ties=False)
+    rows_all, scores = rows_all[best], scores[best]
     order = np.lexsort((rows_all, -scores))
     return list(zip(rows_all[order].tolist(), scores[order].tolist(), strict=True))
 
-
-
-def _best_visible(rows: np.ndarray, scores: np.ndarray, limit: int,
-                  visible: Callable[[np.ndarray], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The `limit` best-scoring visible rows (in no order), as the visible rows' own top
-    `limit` would be. Visibility is asked first of the rows at or above the `limit`-th best
-    score of all (ties included); when `limit` of those are visible and no tie crosses their
-    `limit`-th score, no other row can be among them and the set is the one of asking every
-    row (ties across it: every row is asked, and `argpartition` picks as it did). At 1M facts
-    a group's 25,000 episodes and 20,000 entities were each asked for every query."""
-    if len(rows) > limit:
-        best = np.flatnonzero(scores >= -np.partition(-scores, limit - 1)[limit - 1])
-        seen = best[visible(rows[best])]
-        if len(seen) >= limit:
-            last = -np.partition(-scores[seen], limit - 1)[limit - 1]
-            if np.count_nonzero(scores[seen] >= last) == limit:
-                top = seen[scores[seen] >= last]
-                return rows[top], scores[top]
-    keep = visible(rows)
-    rows, scores = rows[keep], scores[keep]
-    if len(rows) > limit:
-        top = np.argpartition(-scores, limit - 1)[:limit]
-        rows, scores = rows[top], scores[top]
-    return rows, scores
 
 def text_spans(snapshot: Snapshot, kind: str, scope: Scope) -> Spans | None:
     """The rows an in-memory BM25 would cover, or None when `bm25` must ask LanceDB: the

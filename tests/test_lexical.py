@@ -141,9 +141,9 @@ def test_visibility_asked_of_the_best_rows_first_gives_the_answer_of_asking_all(
 
 
 def test_the_best_visible_cosines_are_those_of_asking_every_row():
-    """`search._best_visible` (the exact scan's cut) picks the set the visible rows' own
-    argpartition does, ties at the cut-off included."""
-    from tkg.query.search import _best_visible
+    """`hits.best_visible` without ties (the exact scan's cut) picks the set the visible
+    rows' own argpartition does, ties at the cut-off included."""
+    from tkg.query.hits import best_visible
 
     rng = np.random.default_rng(3)
     for trial in range(200):
@@ -155,7 +155,8 @@ def test_the_best_visible_cosines_are_those_of_asking_every_row():
             return ~hidden[asked - 1000]
 
         limit = int(rng.integers(1, 60))
-        got_rows, got_scores = _best_visible(rows, scores, limit, visible)
+        best = best_visible(rows, scores, limit, visible, ties=False)
+        got_rows, got_scores = rows[best], scores[best]
         keep = ~hidden
         shown_rows, shown_scores = rows[keep], scores[keep]
         if len(shown_rows) > limit:
