@@ -124,6 +124,7 @@ def fact_mentions(extractions: pa.Table) -> pa.Table:
                 "valid_at": fact["valid_at"] or (
                     None if fact["invalid_at"] or fact.get("undated") else t_ref),
                 "invalid_at": fact["invalid_at"],
+                "target_key": fact["target"] if fact.get("target_by_key") else None,
             })
     return pa.Table.from_pylist(rows, schema=schema.FACT_MENTIONS)
 
@@ -146,8 +147,58 @@ def fact_rows(mentions: pa.Table, config: FactsConfig) -> pa.Table:
             "group_id": row["group_id"], "episode_id": row["episode_id"],
             "source_entity_id": source, "target_entity_id": target, "relation": relation,
             "fact": row["fact"], "valid_at": row["valid_at"], "invalid_at": row["invalid_at"],
+            "target_key": row.get("target_key"),
         })
     return pa.Table.from_pylist(rows, schema=schema.FACT_ROWS)
+
+
+# --- texts that call their target by a record's key name -----------------------------------
+#
+# A reference field's fact ("Jane Peacock: reports to Employee 2") is extracted before
+# anything knows the referenced record's name; its `target_key` is replaced by the name
+# of the entity it resolved to, after resolution and before merging, so every path that
+# reads the text (the answer, the context, the full-text index, the embedding) sees
+# "Nancy Edwards", and the key name stays while no record of that key has arrived.
+
+
+def keyed_targets(rows: pa.Table, keyed: bool = True) -> pa.Table:
+    """Fact rows whose text calls the target by a key name (`keyed`), or the others."""
+    import pyarrow.compute as pc
+
+    if "target_key" not in rows.column_names:  # a block without rows or columns
+        return rows
+    found = pc.is_valid(rows["target_key"])
+    return rows.filter(found if keyed else pc.invert(found))
+
+
+TARGET_NAMES = pa.schema([("group_id", pa.string()), ("target_entity_id", pa.string()),
+                          ("target_name", pa.string())])
+
+
+def target_names(entities: pa.Table) -> pa.Table:
+    """Resolved entities -> TARGET_NAMES (each entity's name, to join to fact rows)."""
+    return pa.table({"group_id": entities["group_id"],
+                     "target_entity_id": entities["entity_id"],
+                     "target_name": entities["name"]}, schema=TARGET_NAMES)
+
+
+def name_targets(rows: pa.Table) -> pa.Table:
+    """Keyed fact rows joined (left) with TARGET_NAMES -> FACT_ROWS whose text names the
+    target by its entity's name in place of the key name (its last occurrence)."""
+    if "target_name" not in rows.column_names:  # no names joined: texts as they are
+        return schema.conform(rows, schema.FACT_ROWS)
+    texts = [_renamed(text, key, name) for text, key, name in zip(
+        rows["fact"].to_pylist(), rows["target_key"].to_pylist(),
+        rows["target_name"].to_pylist(), strict=True)]
+    rows = rows.set_column(rows.schema.get_field_index("fact"), "fact",
+                           pa.array(texts, pa.string()))
+    return schema.conform(rows, schema.FACT_ROWS)
+
+
+def _renamed(text: str | None, key: str | None, name: str | None) -> str | None:
+    if not (text and key and name) or (at := text.rfind(key)) < 0:
+        return text
+    return text[:at] + name + text[at + len(key):]
 
 
 def claim_key(text: str | None) -> str:

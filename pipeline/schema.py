@@ -220,6 +220,9 @@ EXTRACTED_FACT = pa.struct(
         ("invalid_at", TS),
         ("date_text", pa.string()),
         ("undated", pa.bool_()),  # past state with no date in the text: valid time unknown
+        # the text calls the target by a record's key name ("Employee 2"), written over by
+        # the resolved entity's name in the facts stage (extract/records.py; null: no)
+        ("target_by_key", pa.bool_()),
     ]
 )
 EXTRACTIONS = pa.schema(
@@ -263,11 +266,13 @@ FACT_MENTIONS = pa.schema([
     ("group_id", pa.string()), ("episode_id", pa.string()),
     ("source_normalized", pa.string()), ("target_normalized", pa.string()),
     ("relation", pa.string()), ("fact", pa.string()), ("valid_at", TS), ("invalid_at", TS),
+    ("target_key", pa.string()),  # the key name the text calls the target by (null: none)
 ])
 FACT_ROWS = pa.schema([
     ("edge_id", pa.string()), ("group_id", pa.string()), ("episode_id", pa.string()),
     ("source_entity_id", pa.string()), ("target_entity_id", pa.string()),
     ("relation", pa.string()), ("fact", pa.string()), ("valid_at", TS), ("invalid_at", TS),
+    ("target_key", pa.string()),
 ])
 MERGED_FACTS = pa.schema([f for f in facts(1) if f.name != "fact_embedding"])
 

@@ -124,6 +124,44 @@ def test_record_mapping_links_by_key_and_keeps_attributes():
     assert all(f.valid_at == T_REF for f in result.facts)
 
 
+def test_a_references_text_is_named_after_resolution():
+    """A reference's text calls its target by the key name, marked for the facts stage,
+    which writes the resolved entity's name in its place (other facts pass as they are);
+    its words drop the id word of the field (`reports_to_id` -> reports to)."""
+    import pyarrow as pa
+    from tkg.pipeline import schema
+    from tkg.pipeline.config import FactsConfig
+    from tkg.pipeline.extract.records import field_words
+    from tkg.pipeline.facts import fact_mentions, fact_rows, name_targets
+
+    assert [field_words(f, reference=True) for f in (
+        "reports_to_id", "support_rep_id", "customer_id", "SupportRepId", "manager")] == [
+        "reports to", "support rep", "customer", "support rep", "manager"]
+    data = {"employee_id": 3, "first_name": "Jane", "last_name": "Peacock",
+            "reports_to_id": 2, "city": "Calgary"}
+    episode = EpisodeInput("e", "hr", "json", json.dumps(data), T_REF, source="hr.employees")
+    facts = {f.relation: f for f in extract_record(episode).facts}
+    assert (facts["REPORTS_TO"].fact, facts["REPORTS_TO"].target_by_key) == (
+        "Jane Peacock: reports to ReportsTo 2", True)
+    assert (facts["CITY"].fact, facts["CITY"].target_by_key) == ("Jane Peacock: city Calgary",
+                                                                False)
+    extraction = {"episode_id": "e", "group_id": "hr", "valid_at": T_REF,
+                  "facts": [vars(f) for f in facts.values()]}
+    mentions = fact_mentions(pa.Table.from_pylist([extraction], schema=schema.EXTRACTIONS))
+    resolved = mentions.append_column("source_entity_id", pa.array(["jane"] * 2)) \
+        .append_column("target_entity_id", pa.array(["nancy", "calgary"]))
+    rows = fact_rows(resolved, FactsConfig())
+    keyed = rows.filter(pa.array([key is not None for key in rows["target_key"].to_pylist()]))
+    named = name_targets(keyed.append_column("target_name", pa.array(["Nancy Edwards"])))
+    assert named["fact"].to_pylist() == ["Jane Peacock: reports to Nancy Edwards"]
+    assert name_targets(keyed)["fact"].to_pylist() == ["Jane Peacock: reports to ReportsTo 2"]
+    # extractions stored before the mark existed still read: no fact is marked
+    old = pa.struct([f for f in schema.EXTRACTED_FACT if f.name != "target_by_key"])
+    stored = pa.table({"facts": pa.array([extraction["facts"]], pa.list_(old))})
+    conformed = schema.conform(stored, schema.EXTRACTIONS)
+    assert [f["target_by_key"] for f in conformed["facts"][0].as_py()] == [None, None]
+
+
 def test_record_without_key_uses_the_callers_id():
     episode = EpisodeInput("e", "g", "json", json.dumps({"note": "hi"}), T_REF,
                            source_id="rec-9", source="misc.events")

@@ -63,6 +63,12 @@ def test_reference_edges_match_the_fixture_keys(chinook, catalog):
             edges.items() if relation != "missing_record_entities"} == {
         "overall": (478, 1.0, 1.0), "REPORTS_TO": (7, 1.0, 1.0),
         "SUPPORT_REP": (59, 1.0, 1.0), "CUSTOMER": (412, 1.0, 1.0)}
+    # every referenced record arrived: no reference's text names it by its key name
+    texts = [fact for (fact,) in catalog.execute(
+        "SELECT fact FROM facts WHERE group_id = 'chinook' AND relation IN ('REPORTS_TO', "
+        "'SUPPORT_REP', 'CUSTOMER')").fetchall()]
+    assert len(texts) == 478 and not [t for t in texts if re.search(
+        r"\b(Employee|Customer) \d+$|\bid\b", t)], texts[:5]
 
 
 def test_scalars_are_attributes_not_entities(chinook, catalog):
@@ -90,3 +96,6 @@ def test_who_jane_peacock_reports_to_is_found_by_search(chinook):
     assert any(f.source == "Jane Peacock" and f.relation == "REPORTS_TO"
                and f.target == "Nancy Edwards" for f in result.facts), [
         (f.source, f.relation, f.target) for f in result.facts]
+    # its text names the record it refers to, not the key name the reference carried
+    top = next(f for f in result.facts if f.relation == "REPORTS_TO")
+    assert top.fact == "Jane Peacock: reports to Nancy Edwards", top.fact

@@ -16,7 +16,10 @@ flattening text), shared by every extractor backend. What it reads is config `re
 2. A reference field (`customer_id`, or one named in `references`) is an edge to the key
    name of the record it points at (`REPORTS_TO Employee 2`), which meets the referenced
    record's own entity (`Nancy Edwards`) by that key, whichever run or episode brought
-   that record.
+   that record. Its text names the target by the key name too (the record may not have
+   arrived), marked `target_by_key` (`RecordFact`): the facts stage writes the resolved
+   entity's name in its place (`facts.name_targets`: "Jane Peacock: reports to Nancy
+   Edwards"), and the key name stays while no record of that key has arrived.
 3. An entity field (`company`, `city`, ... `records.entity_fields`) with a short text value
    is an edge to an entity of that name, labelled after the field.
 4. Nested objects and lists of objects are child records (label = singular field name),
@@ -38,6 +41,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -140,6 +144,24 @@ def _entity_label(field: str, config: RecordsConfig, source: RecordSource) -> st
     return None
 
 
+@dataclass
+class RecordFact(ExtractedFact):
+    """A record's fact; `target_by_key`: its text calls the target by its key name
+    (`Employee 2`), for the facts stage to replace by the resolved entity's name."""
+
+    target_by_key: bool = False
+
+
+def field_words(field: str, reference: bool = False) -> str:
+    """A field name as the words of a fact's text: `billing_city` -> `billing city`; a
+    reference's in words without its id word (the edge is to the record, not its id):
+    `reports_to_id` -> `reports to`, `SupportRepId` -> `support rep`."""
+    if not reference:
+        return field.replace("_", " ")
+    words = relation_name(field).lower().split("_")
+    return " ".join(words[:-1] if len(words) > 1 and words[-1] == "id" else words)
+
+
 class Named(NamedTuple):
     """An entity of a record's extraction: `known_as`, what facts name it by (a keyed
     record's key name, else its name), and `name`, what its facts' texts call it."""
@@ -156,13 +178,14 @@ class _Mapper:
         self.source = config.sources.get(episode.source or "", RecordSource())
         self.out = Extraction()
 
-    def fact(self, subject: Named, field: str, target: Named) -> None:
+    def fact(self, subject: Named, field: str, target: Named, by_key: bool = False) -> None:
+        """An edge of the field; `by_key`: the target is a record named by its key name."""
         relation = self.source.relations.get(field) or relation_name(
             re.sub(r"_?(id|Id|ID)$", "", field) or field)
-        words = field.replace("_", " ")
-        self.out.facts.append(ExtractedFact(subject.known_as, target.known_as, relation,
-                                            f"{subject.name}: {words} {target.name}",
-                                            valid_at=self.episode.valid_at))
+        words = field_words(field, reference=by_key)
+        self.out.facts.append(RecordFact(subject.known_as, target.known_as, relation,
+                                         f"{subject.name}: {words} {target.name}",
+                                         valid_at=self.episode.valid_at, target_by_key=by_key))
 
     def record(self, data: dict, label: str, fallback: str, depth: int) -> Named:
         """Map one record; how its entity is known and named."""
@@ -211,7 +234,7 @@ class _Mapper:
         # employees are referenced 66 times as reports_to and support rep: 6 were Employee)
         self.out.add_entity(target, "Person" if referenced in PERSON_RECORDS else referenced,
                             json.dumps({RECORD_ATTRIBUTE: target}))
-        self.fact(subject, field, Named(target, target))
+        self.fact(subject, field, Named(target, target), by_key=True)
         return True
 
     def entity(self, subject: Named, field: str, value: Any, _depth: int) -> bool:
@@ -302,6 +325,21 @@ VERSION_ENDS = pa.schema([("edge_id", pa.string()), ("record_invalid_at", schema
                           ("record_invalidated_by", pa.string()),
                           ("source_entity_id", pa.string()), ("tonight", pa.bool_())])
 END_COLUMNS = ["edge_id", "record_invalid_at", "record_invalidated_by"]  # joined to edges
+
+
+RECORD_NAMES = pa.schema([("group_id", pa.string()), ("entity_id", pa.string()),
+                          ("name", pa.string())])
+
+
+def record_names(entities: pa.Table) -> pa.Table:
+    """Entities -> RECORD_NAMES of those that stand for a record (carry RECORD_ATTRIBUTE)."""
+    import pyarrow.compute as pc
+
+    if "attributes" not in entities.column_names:  # a block without rows or columns
+        return RECORD_NAMES.empty_table()
+    keyed = pc.fill_null(pc.match_substring(entities["attributes"], f'"{RECORD_ATTRIBUTE}"'),
+                         False)
+    return entities.filter(keyed).select(RECORD_NAMES.names).cast(RECORD_NAMES)
 
 
 def record_statements(extractions: pa.Table, tonight: bool) -> pa.Table:

@@ -25,13 +25,30 @@ from tkg.pipeline.stages.common import (
 )
 
 
-def _merged_edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset) -> Dataset:
-    """Fact mentions -> edges: endpoints resolved through the alias map, one edge per (pair,
-    relation) with merged provenance (shuffled by edge)."""
+def _merged_edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset,
+                  entity_names: Dataset) -> Dataset:
+    """Fact mentions -> edges: endpoints resolved through the alias map, texts that call
+    their target by a record's key name given its entity's name (`entity_names`, the
+    resolved entities: `_named_targets`), one edge per (pair, relation) with merged
+    provenance (shuffled by edge)."""
     with_source = join_alias_map(mentions, alias_map, ctx, "source_normalized", "source_")
     with_both = join_alias_map(with_source, alias_map, ctx, "target_normalized", "target_")
-    rows = engine.map(ctx, with_both, facts.fact_rows, ctx.config.facts)
-    return engine.shuffle(ctx, rows, ["edge_id"], facts.merge_facts, ctx.created_at)
+    rows = engine.map(ctx, with_both, facts.fact_rows, ctx.config.facts).materialize()
+    return engine.shuffle(ctx, _named_targets(ctx, rows, entity_names), ["edge_id"],
+                          facts.merge_facts, ctx.created_at)
+
+
+def _named_targets(ctx: RunContext, rows: Dataset, entity_names: Dataset) -> Dataset:
+    """Fact rows with `facts.name_targets` applied to those whose text calls the target by
+    a key name (a record's references: a few per record, none in conversations), joined
+    alone to the entities' names: the other rows are not joined."""
+    keyed = engine.nonempty(engine.map(ctx, rows, facts.keyed_targets))
+    if keyed is None:
+        return rows
+    named = engine.join(ctx, keyed, engine.map(ctx, entity_names, facts.target_names),
+                        "left_outer", ("group_id", "target_entity_id"))
+    return engine.union(ctx, engine.map(ctx, rows, facts.keyed_targets, False),
+                        engine.map(ctx, named, facts.name_targets))
 
 
 def _checked(ctx: RunContext, edges: Dataset, ends: Dataset) -> Dataset:
@@ -48,9 +65,9 @@ def _checked(ctx: RunContext, edges: Dataset, ends: Dataset) -> Dataset:
     return checked.materialize()  # feeds the summaries and the stage output
 
 
-def _edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset, ends: Dataset
-           ) -> Dataset:
-    return _checked(ctx, _merged_edges(ctx, mentions, alias_map), ends)
+def _edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset, entity_names: Dataset,
+           ends: Dataset) -> Dataset:
+    return _checked(ctx, _merged_edges(ctx, mentions, alias_map, entity_names), ends)
 
 
 RECORD_COLUMNS = ["group_id", "episode_id", "valid_at", "entities", "facts"]
@@ -92,7 +109,7 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     mentions = engine.map(ctx, all_extractions(ctx, inputs["extractions"], FACT_COLUMNS),
                           facts.fact_mentions)
     ends = _version_ends(ctx, inputs["extractions"], inputs["alias_map"])
-    checked = _edges(ctx, mentions, inputs["alias_map"], ends)
+    checked = _edges(ctx, mentions, inputs["alias_map"], inputs["resolved_entities"], ends)
     return _with_summaries(ctx, inputs, checked, _summaries(ctx, checked), empty_dataset())
 
 
@@ -104,7 +121,8 @@ def facts_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
         return facts_stage(ctx, inputs)
     ends = _version_ends(ctx, inputs["extractions"], inputs["alias_map"])
     checked, summaries, recomputed = _touched_facts(
-        ctx, inputs["extractions"], inputs["alias_map"], stored, ends)
+        ctx, inputs["extractions"], inputs["alias_map"], inputs["resolved_entities"], stored,
+        ends)
     return _with_summaries(ctx, inputs, checked, summaries, recomputed)
 
 
@@ -138,14 +156,15 @@ NAME_COLUMNS = ["group_id", "normalized", "entity_id"]  # a name's entity
 SIDE = "_side"  # which input a row of a tagged union comes from: "old" (stored) or "new"
 
 
-def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Dataset,
-                   ends: Dataset) -> tuple[Dataset, Dataset, Dataset]:
+def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, entity_names: Dataset,
+                   stored: Dataset, ends: Dataset) -> tuple[Dataset, Dataset, Dataset]:
     """Edges and summaries where a later run changed something; everything else is the
     previous snapshot's. Invalidation and merging look at one subject's edges only.
 
     - Subjects rebuilt from their whole history: entities whose names changed (merges,
       renames, new entities: `_changed_entities`) and subjects with a stored edge
-      to one (its edge id changes). Their edges are rebuilt from every mention that has
+      to one (its edge id changes) or to a record whose name changed (its text may name
+      it: `_renamed_records`). Their edges are rebuilt from every mention that has
       them as subject, earlier runs' included, exactly as a full build would; earlier
       extractions are read only when such a subject was stored before.
     - The other subjects of tonight's facts: their stored open edges combined with
@@ -162,7 +181,8 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
     changed = _changed_entities(ctx, stored_names, alias_map)
     new_mentions = engine.map(ctx, new, facts.fact_mentions).materialize()
     tonight = _tonight_subjects(ctx, new_mentions, alias_map) | _record_subjects(ctx, ends)
-    to_changed = engine.map(ctx, stored, in_set("target_entity_id", changed))  # the night's
+    to_changed = engine.map(ctx, stored, in_set(  # the night's
+        "target_entity_id", changed | _renamed_records(ctx, entity_names)))
     rebuilt = changed | set(engine.gather(ctx, to_changed, ["source_entity_id"],
                                           what="subjects of edges to changed entities")
                             ["source_entity_id"].to_pylist())
@@ -170,9 +190,10 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, stored: Da
     open_edges = engine.map(ctx, stored, open_versions).materialize()
     stored_before = engine.total(engine.map(ctx, stored_names, in_set("entity_id", rebuilt)),
                                  len) > 0
-    edges = [_rebuilt_edges(ctx, new_mentions, alias_map,
+    edges = [_rebuilt_edges(ctx, new_mentions, alias_map, entity_names,
                             _names_of(ctx, alias_map, rebuilt), stored_before, ends),
-             _combined_edges(ctx, new_mentions, alias_map, _names_of(ctx, alias_map, plain),
+             _combined_edges(ctx, new_mentions, alias_map, entity_names,
+                             _names_of(ctx, alias_map, plain),
                              engine.map(ctx, open_edges, in_set("source_entity_id", plain)),
                              ends)]
     emitted = engine.union(ctx, *edges).materialize()
@@ -205,6 +226,22 @@ def _changed_entities(ctx: RunContext, stored_names: Dataset, alias_map: Dataset
                              engine.join(ctx, after, before, "left_anti", keys))
     names = engine.gather(ctx, differing, ["entity_id"], what="changed names")
     return set(names["entity_id"].to_pylist())
+
+
+def _renamed_records(ctx: RunContext, entity_names: Dataset) -> set[str]:
+    """The record entities (`records.record_names`) whose name is not their stored one: a
+    fact whose text called one by its key name (`facts.name_targets`) names it again when
+    its record arrives or a version renames it, though none of its names (the alias map's
+    keys: the key name) changed. Only the night's new and renamed records come to the
+    driver; a store without records reads no stored entity."""
+    keyed = engine.nonempty(engine.map(ctx, entity_names, records.record_names))
+    stored = None if keyed is None else previous_table(ctx, "entities",
+                                                         records.RECORD_NAMES.names)
+    if keyed is None or stored is None:
+        return set()
+    renamed = engine.join(ctx, keyed, stored, "left_anti", tuple(records.RECORD_NAMES.names))
+    return set(engine.gather(ctx, renamed, ["entity_id"], what="renamed records")
+               ["entity_id"].to_pylist())
 
 
 def _tonight_subjects(ctx: RunContext, mentions: Dataset, alias_map: Dataset) -> set[str]:
@@ -258,7 +295,8 @@ def _distinct_entities(block: pa.Table) -> pa.Table:
 
 
 def _rebuilt_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
-                   names: set[str], stored_before: bool, ends: Dataset) -> Dataset:
+                   entity_names: Dataset, names: set[str], stored_before: bool, ends: Dataset
+                   ) -> Dataset:
     """The edges of subjects named `names`, from every mention with them as subject: this
     run's and, when one of them was `stored_before`, earlier runs'."""
     mentions = engine.map(ctx, new_mentions, in_set("source_normalized", names,
@@ -269,11 +307,12 @@ def _rebuilt_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
                      facts.fact_mentions)
         mentions = engine.union(ctx, mentions, engine.map(
             ctx, old, in_set("source_normalized", names, group_column="group_id")))
-    return _edges(ctx, mentions.materialize(), alias_map, ends)
+    return _edges(ctx, mentions.materialize(), alias_map, entity_names, ends)
 
 
 def _combined_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
-                    names: set[str], stored: Dataset, ends: Dataset) -> Dataset:
+                    entity_names: Dataset, names: set[str], stored: Dataset, ends: Dataset
+                    ) -> Dataset:
     """Tonight's edges of subjects named `names` combined with their `stored` open edges,
     invalidated again; only the new and changed ones. Both combinations are shuffles of the
     stored and tonight's edges tagged by side (by subject, then by edge): a subject's
@@ -282,7 +321,8 @@ def _combined_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,
     again."""
     mentions = engine.map(ctx, new_mentions, in_set("source_normalized", names,
                                                  group_column="group_id"))
-    tonight = engine.nonempty(_merged_edges(ctx, mentions.materialize(), alias_map))
+    tonight = engine.nonempty(_merged_edges(ctx, mentions.materialize(), alias_map,
+                                            entity_names))
     if tonight is None and engine.nonempty(stored) is None:
         return empty_dataset()
     before = engine.map(ctx, stored, _tagged, "old").materialize()
