@@ -11,7 +11,7 @@ Kinds with a fixed mapping (JSON records: `records.py`) go through it instead.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -159,7 +159,8 @@ class SpacyExtractor:
             elif name:
                 named.setdefault(name, (label, self._word_typed(span)))
         vocatives = set(addressed)
-        addressed -= {*named, addressee_of(speaker, episode.context)}  # "you" names them
+        addressee = addressee_of(speaker, episode.context)
+        addressed -= {*named, addressee}  # "you" names them
         for fact in self._facts(doc, spans, speaker, episode):
             ends = [(fact.source, "source"), (fact.target, "target")]
             if any(name in addressed for name, _ in ends):
@@ -177,7 +178,7 @@ class SpacyExtractor:
             out.facts.append(fact)
         for name, (label, _) in named.items():
             out.add_entity(name, label)
-        for name in _addressed_people(doc, vocatives, speaker, episode.context):
+        for name in _addressed_people(doc, vocatives, speaker, addressee, episode.context):
             out.add_entity(name, "Person")
         return out
 
@@ -567,7 +568,7 @@ class SpacyExtractor:
 
 
 def _addressed_people(doc: Doc, vocatives: set[str], speaker: str | None,
-                      context: Iterable[str]) -> list[str]:
+                      addressee: str | None, context: Sequence[str]) -> list[str]:
     """The people a message speaks to, each mentioned by it as a pronoun or a name is: the
     addressee its "you"/"your" stands for (`addressee_of`) and a speaker of its window it
     calls by name ("Hey Caroline"). Neither is a new entity, both already speak in the
@@ -576,10 +577,8 @@ def _addressed_people(doc: Doc, vocatives: set[str], speaker: str | None,
     factor reads these mentions: LoCoMo evidence recall@10 .7633 -> .7680, single-hop
     .8593 -> .8694 with `facts.claim_key` (`tkg bench locomo --store` on a store of `tkg
     bench graph --only locomo`); "you" alone, replayed on the old store's mentions: .7661."""
-    context = list(context)
     people = window_speakers(speaker, context) - {speaker}
     found = [name for name in sorted(vocatives) if name in people]
-    addressee = addressee_of(speaker, context)
     if addressee and any(t.lower_ in SECOND_PERSON for t in doc):
         found.append(addressee)
     return found
