@@ -99,14 +99,12 @@ class TermIndex:
         if self.gains is None:
             denominators = self.counts + K1 * (
                 1.0 - B + B * self.lengths[self.rows] / self.average_length)
-            idf = np.array([self.idf(t) for t in range(len(self.start) - 1)], dtype=np.float64)
-            self.gains = np.repeat(idf, np.diff(self.start)) * self.counts * (K1 + 1.0) / (
-                denominators)
-
-    def idf(self, term: int) -> np.float64:
-        """BM25's (LanceDB's) inverse document frequency of a term."""
-        frequency = self.start[term + 1] - self.start[term]
-        return np.log(1.0 + (self.documents - frequency + 0.5) / (frequency + 0.5))
+            # BM25's (LanceDB's) inverse document frequency of each term, all terms at once
+            # (the same bits as term by term, which took 0.2 s of a 1.7 s snapshot open at
+            # 100,000 facts)
+            frequency = np.diff(self.start)
+            idf = np.log(1.0 + (self.documents - frequency + 0.5) / (frequency + 0.5))
+            self.gains = np.repeat(idf, frequency) * self.counts * (K1 + 1.0) / denominators
 
     @classmethod
     def build(cls, texts: pa.Array | pa.ChunkedArray) -> TermIndex:

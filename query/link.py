@@ -114,8 +114,11 @@ def build_index(entity_names: list[str | None], entity_labels: list[list[str] | 
             if len(rows) == 1 and key not in index.entities.get(group, {}):
                 index.entities.setdefault(group, {})[key] = sorted(rows)
     by_speaker: dict[int, dict[tuple[str, ...], list[int]]] = defaultdict(lambda: defaultdict(list))
+    keys_of: dict[str | None, list[tuple[str, ...]]] = {}  # (a store has few speakers)
     for row, speaker in enumerate(speakers):
-        for key in name_keys(speaker or "", person=True):
+        if speaker not in keys_of:
+            keys_of[speaker] = name_keys(speaker or "", person=True)
+        for key in keys_of[speaker]:
             by_speaker[int(episode_groups[row])][key].append(row)
     index.speakers = {g: {k: np.asarray(v, dtype=np.int64) for k, v in keys.items()}
                       for g, keys in by_speaker.items()}
