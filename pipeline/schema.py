@@ -317,6 +317,14 @@ ALIAS_MAP = pa.schema([
     ("root", pa.string()), ("evidence", pa.string()), ("score", pa.float64()),
 ])
 
+# Every name node's entity (the alias map's keys), kept by a snapshot as `_name_map` for
+# the next run's facts stage: `entity_aliases` lists one normalized form per surface name,
+# so it cannot say which names an entity had (a record's key name, `contact con-00007`, is
+# never listed) and against it every entity with such a name looked changed every night.
+NAME_MAP = pa.schema([
+    ("group_id", pa.string()), ("normalized", pa.string()), ("entity_id", pa.string()),
+])
+
 # Stage outputs under STORE/work/<run_id>/, by name (see pipeline.stages).
 WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "raw_episodes": lambda _dim: RAW_EPISODES,
@@ -336,6 +344,7 @@ WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "mentions": lambda _dim: MENTIONS,
     "merged_facts": lambda _dim: MERGED_FACTS,
     "recomputed_subjects": lambda _dim: RECOMPUTED_SUBJECTS,
+    "name_map": lambda _dim: NAME_MAP,
     "episodes_embedded": episodes,
     "entities_embedded": entities,
     "facts_embedded": facts,

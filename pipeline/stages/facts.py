@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from ray.data import Dataset
 from tkg.pipeline import adjudicate, engine, facts, schema
-from tkg.pipeline.context import RunContext, Stage
+from tkg.pipeline.context import Publish, RunContext, Stage
 from tkg.pipeline.datasets import empty_dataset
 from tkg.pipeline.extract import records
 from tkg.pipeline.stages.common import (
@@ -113,6 +113,9 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     return _with_summaries(ctx, inputs, checked, _summaries(ctx, checked), empty_dataset())
 
 
+INTERNAL_NAMES = "_name_map"  # every name's entity, what the next run compares its own to
+
+
 def facts_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Edges and summaries of the subjects a later run touched (`_touched_facts`: its edges
     are those subjects' only)."""
@@ -141,7 +144,8 @@ def _with_summaries(ctx: RunContext, inputs: dict[str, Dataset], checked: Datase
         entities = engine.map(ctx, engine.join(ctx, entities, first, "left_outer",
                                                ("entity_id",)), _first_created)
     return {"merged_facts": checked, "entities_summarized": entities,
-            "recomputed_subjects": recomputed}
+            "recomputed_subjects": recomputed,
+            "name_map": engine.map(ctx, inputs["alias_map"], only, NAME_COLUMNS)}
 
 
 # --- an update: only what the run touched ----------------------------------------------------
@@ -175,7 +179,9 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, entity_nam
     Only edges that are new or differ from their stored version go on (to embedding and
     `versions_stage`), with the rebuilt subjects, whose other stored edges are gone.
     Summaries are recomputed for the endpoints of those edges and of the gone ones."""
-    stored_names = previous_table(ctx, "entity_aliases", NAME_COLUMNS)
+    stored_names = previous_table(ctx, INTERNAL_NAMES, NAME_COLUMNS)
+    if stored_names is None:  # a snapshot from before the name map was kept: the nearest
+        stored_names = previous_table(ctx, "entity_aliases", NAME_COLUMNS)  # (more changed)
     if stored_names is None:  # a snapshot from before aliases were stored: every name is new
         stored_names = empty_dataset()
     changed = _changed_entities(ctx, stored_names, alias_map)
@@ -183,9 +189,10 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, entity_nam
     tonight = _tonight_subjects(ctx, new_mentions, alias_map) | _record_subjects(ctx, ends)
     to_changed = engine.map(ctx, stored, in_set(  # the night's
         "target_entity_id", changed | _renamed_records(ctx, entity_names)))
-    rebuilt = changed | set(engine.gather(ctx, to_changed, ["source_entity_id"],
-                                          what="subjects of edges to changed entities")
-                            ["source_entity_id"].to_pylist())
+    edged = engine.gather(ctx, to_changed, ["source_entity_id"],
+                          what="subjects of edges to changed entities")
+    rebuilt = (changed | _versioned_records(ctx, new, alias_map)
+               | set(edged["source_entity_id"].to_pylist()))
     plain = tonight - rebuilt
     open_edges = engine.map(ctx, stored, open_versions).materialize()
     stored_before = engine.total(engine.map(ctx, stored_names, in_set("entity_id", rebuilt)),
@@ -250,6 +257,19 @@ def _tonight_subjects(ctx: RunContext, mentions: Dataset, alias_map: Dataset) ->
     subjects = join_alias_map(names, alias_map, ctx, "source_normalized", "source_")
     return set(engine.gather(ctx, subjects, ["source_entity_id"],
                              what="tonight's fact subjects")["source_entity_id"].to_pylist())
+
+
+def _versioned_records(ctx: RunContext, new: Dataset, alias_map: Dataset) -> set[str]:
+    """The entities of the records a version of this run restates: rebuilt, not extended.
+    A record's ends are not monotone as the stated ends of facts are (`combine_edges`): a
+    version that states again a field an earlier one dropped reopens its edge, which a
+    stored end kept by `combine_edges` would not (10,000 + 200 synthetic episodes: 2 edges
+    left ended once record subjects stopped being rebuilt every night)."""
+    versions = engine.map(ctx, engine.map(ctx, new, records.record_statements, True),
+                          records.versions_only)
+    entities = join_alias_map(versions, alias_map, ctx, "record")
+    return set(engine.gather(ctx, entities, ["entity_id"], what="records versioned tonight")
+               ["entity_id"].to_pylist())
 
 
 def _record_subjects(ctx: RunContext, ends: Dataset) -> set[str]:
@@ -375,6 +395,7 @@ def _first_created(batch: pa.Table) -> pa.Table:
 
 
 STAGE = Stage("facts", ("extractions", "alias_map", "resolved_entities"),
-              ("merged_facts", "entities_summarized", "recomputed_subjects"), facts_stage,
-              update=facts_update,
-              state=("facts", "entities", "entity_aliases", INTERNAL_EXTRACTIONS))
+              ("merged_facts", "entities_summarized", "recomputed_subjects", "name_map"),
+              facts_stage, update=facts_update,
+              state=("facts", "entities", "entity_aliases", INTERNAL_NAMES, INTERNAL_EXTRACTIONS),
+              publishes=(Publish("name_map", INTERNAL_NAMES),))
