@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from tkg.pipeline.index import STOP_WORDS  # the index owns its tokenizer settings
-from tkg.query.hits import best_visible
+from tkg.query.ranked import best_visible
 
 K1, B = 1.2, 0.75
 MAX_TOKEN_BYTES = 40  # tokens of this many UTF-8 bytes or more are not indexed

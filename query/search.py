@@ -23,7 +23,7 @@ import numpy as np
 from tkg.pipeline import visibility
 from tkg.pipeline.config import GROUP_ID_PATTERN, QueryConfig
 from tkg.pipeline.index import PAST
-from tkg.query.hits import best_visible
+from tkg.query.ranked import best_visible
 from tkg.query.snapshot import Kind, QueryError, Snapshot
 
 RELATION_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,127}")

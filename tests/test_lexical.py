@@ -141,9 +141,9 @@ def test_visibility_asked_of_the_best_rows_first_gives_the_answer_of_asking_all(
 
 
 def test_the_best_visible_cosines_are_those_of_asking_every_row():
-    """`hits.best_visible` without ties (the exact scan's cut) picks the set the visible
+    """`ranked.best_visible` without ties (the exact scan's cut) picks the set the visible
     rows' own argpartition does, ties at the cut-off included."""
-    from tkg.query.hits import best_visible
+    from tkg.query.ranked import best_visible
 
     rng = np.random.default_rng(3)
     for trial in range(200):
