@@ -390,36 +390,35 @@ def label_class(labels: list[str] | None) -> str:
     return "L" if "Location" in specific else ("N" if specific else "")
 
 
-def blocking_keys(nodes: pa.Table, config: ResolveConfig, vectors: bool = True) -> pa.Table:
-    """Each name node under every blocking key it has; names meet only under a shared key:
-    `c:` the order-free core name (legal forms, honorifics, abbreviations, word order),
-    `d:` the core and its one-letter deletions (spelling variants), `s:` and `n:` a short
-    name and the full names it can stand for (`name_parts`), `e<band>:` SimHash bands of the
-    name vector. A business record's node (its key name, `mention_rows`) has these keys of
-    its name (`Nancy Edwards`). With `vectors`, each band row carries its name's int8 vector
-    (`name_vectors`), so that `candidate_pairs` decides embedding neighbours in one table;
-    the stage leaves them out and joins them onto the pairs the blocks find instead
-    (`near_decisions`): copied under each of 6 bands they were most of the bytes its shuffle
-    by block moved."""
-    features: dict[str, list] = {name: [] for name in (
-        "core", "cls", "specific", "digits", "lone", "personish")}
-    owner: list[int] = []
-    keys: list[str] = []
-    roles: list[str] = []
-    parts: list[str] = []
-    for row, (normalized, name, node_labels, attributes) in enumerate(zip(
-            nodes["normalized"].to_pylist(), nodes["name"].to_pylist(),
-            nodes["labels"].to_pylist(), _attributes(nodes), strict=True)):
+def _cores(nodes: pa.Table, config: ResolveConfig) -> tuple[list[str], list[str]]:
+    """(the normalized name its keys are made of, its `core_name`) of each node: a business
+    record's node (its key name, `mention_rows`) has the keys of its name (`Nancy Edwards`)."""
+    normals, cores = [], []
+    for normalized, name, attributes in zip(nodes["normalized"].to_pylist(),
+                                            nodes["name"].to_pylist(), _attributes(nodes),
+                                            strict=True):
         if record_key(attributes) == normalized:  # a record: its name meets other names
             normalized = normalize_name(name)
-        core = core_name(normalized, config)
+        normals.append(normalized)
+        cores.append(core_name(normalized, config))
+    return normals, cores
+
+
+def _named(nodes: pa.Table, config: ResolveConfig) -> tuple[pa.Table, pa.Table]:
+    """(each node's `KEYED_NAMES` columns but key, role and part; its `name_parts` as
+    (row, key, role, part))."""
+    features: dict[str, list] = {name: [] for name in (
+        "core", "cls", "specific", "digits", "lone", "personish")}
+    parts: dict[str, list] = {"row": [], "key": [], "role": [], "part": []}
+    normals, cores = _cores(nodes, config)
+    for row, (normalized, core, name, node_labels) in enumerate(zip(
+            normals, cores, nodes["name"].to_pylist(), nodes["labels"].to_pylist(),
+            strict=True)):
         tokens = core.split()
         personish, cls, specific = _label_features(tuple(node_labels or ()))
         for key, role, part in name_parts(core, name, personish, config):
-            owner.append(row)
-            keys.append(key)
-            roles.append(role)
-            parts.append(part)
+            for column, value in zip(parts, (row, key, role, part), strict=True):
+                parts[column].append(value)
         for column, value in (("core", order_free(core)), ("cls", cls), ("specific", specific),
                               ("digits", " ".join(_DIGITS.findall(normalized))),
                               ("lone", len(tokens) == 1 and name[:1].isupper()),
@@ -433,16 +432,43 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig, vectors: bool = True) 
         table = table.append_column(column, nodes[column].cast(schema.TS)
                                     if column in nodes.column_names
                                     else pa.nulls(nodes.num_rows, schema.TS))
-    keyed = [table.append_column("key", pc.binary_join_element_wise("c:", table["core"], "")),
-             table.take(pa.array(owner, pa.int64())).append_column(
-                 "key", pa.array(keys, pa.string())).append_column(
-                 "role", pa.array(roles, pa.string())).append_column(
-                 "part", pa.array(parts, pa.string()))]
+    return table, pa.table({"row": pa.array(parts["row"], pa.int64()),
+                            **{c: pa.array(parts[c], pa.string()) for c in ("key", "role",
+                                                                             "part")}})
+
+
+def _with_parts(table: pa.Table, parts: pa.Table) -> pa.Table:
+    """The rows of `table` under their `name_parts` keys (`s:`, `n:`), with role and part."""
+    keyed = table.take(parts["row"])
+    for column in ("key", "role", "part"):
+        keyed = keyed.append_column(column, parts[column])
+    return keyed
+
+
+def _spelled(table: pa.Table, ordered: list[str], config: ResolveConfig) -> list[pa.Table]:
+    """The `c:` and `d:` rows of `table`'s names (`ordered`: their order-free cores)."""
+    keyed = [table.append_column("key", pa.array(["c:" + core for core in ordered],
+                                                 pa.string()))]
     # the name itself meets its variants' deletions
-    spelling = spelling_keys(pl.Series(features["core"], dtype=pl.String), config.min_typo_chars)
+    spelling = spelling_keys(pl.Series(ordered, dtype=pl.String), config.min_typo_chars)
     if spelling.height:
         keyed.append(table.take(spelling["row"].to_arrow()).append_column(
             "key", spelling["key"].to_arrow()))
+    return keyed
+
+
+def blocking_keys(nodes: pa.Table, config: ResolveConfig, vectors: bool = True) -> pa.Table:
+    """Each name node under every blocking key it has; names meet only under a shared key:
+    `c:` the order-free core name (legal forms, honorifics, abbreviations, word order),
+    `d:` the core and its one-letter deletions (spelling variants), `s:` and `n:` a short
+    name and the full names it can stand for (`name_parts`), `e<band>:` SimHash bands of the
+    name vector. A business record's node (its key name, `mention_rows`) has these keys of
+    its name (`Nancy Edwards`). With `vectors`, each band row carries its name's int8 vector
+    (`name_vectors`), so that `candidate_pairs` decides embedding neighbours in one table.
+    The stage splits the same rows (`name_keys`, `name_rows`)."""
+    table, parts = _named(nodes, config)
+    spelled = _spelled(table, table["core"].to_pylist(), config)
+    keyed = [spelled[0], _with_parts(table, parts), *spelled[1:]]
     embedded, band_keys = _bands(nodes, config)
     if len(band_keys):
         keyed.append(table.take(pa.array(embedded)).append_column("key", band_keys))
@@ -456,6 +482,38 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig, vectors: bool = True) 
             np.repeat(np.arange(len(band_keys) // bands), bands)))
         carried = pa.concat_arrays([carried, own.combine_chunks()])
     return out.append_column("vector", carried)
+
+
+# The stage's shuffle by block carries only (group, key, name, mentions) of the `c:`, `d:`
+# and `e` keys (`name_keys`): 88 % of the key rows, which carried every feature a pair
+# decision reads through it. What a decision reads of a name (`name_rows`: its features and
+# vector, and its `s:` and `n:` rows, decided whole within a group) meets the pairs the blocks
+# find in a shuffle by group (`decide_in_groups`).
+KEY_ROWS = pa.schema([("group_id", pa.string()), ("key", pa.string()),
+                      ("normalized", pa.string()), ("mentions", pa.int64())])
+NAME_PAIRS = pa.schema([("group_id", pa.string()), ("kind", pa.string()),
+                        ("normalized", pa.string()), ("normalized_b", pa.string())])
+
+
+def name_keys(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
+    """`KEY_ROWS` of each node under its `c:`, `d:` and `e` keys (`blocking_keys`)."""
+    table = nodes.select(["group_id", "normalized"]).append_column(
+        "mentions", pc.cast(nodes["mention_count"], pa.int64()))
+    keyed = _spelled(table, [order_free(core) for core in _cores(nodes, config)[1]], config)
+    embedded, band_keys = _bands(nodes, config)
+    if len(band_keys):
+        keyed.append(table.take(pa.array(embedded)).append_column("key", band_keys))
+    return pa.concat_tables([schema.conform(part, KEY_ROWS) for part in keyed])
+
+
+def name_rows(nodes: pa.Table, config: ResolveConfig) -> pa.Table:
+    """`DECIDING` rows of each node: "name" (its `PAIR_FEATURES` and int8 vector, null
+    without one) and "short" (its `s:` and `n:` rows, `blocking_keys`)."""
+    table, parts = _named(nodes, config)
+    named = table.select(["group_id", "normalized", *PAIR_FEATURES]).append_column(
+        "vector", _node_vectors(nodes))
+    return pa.concat_tables([deciding(named, "name"),
+                             deciding(_with_parts(table, parts), "short")])
 
 
 def _embedded(nodes: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -488,7 +546,7 @@ def name_vectors(nodes: pa.Table) -> pa.Table:
     """Each embedded name's vector as int8 (`QUANT`): what an embedding-neighbour pair
     reads of its names (`near_decisions`)."""
     present, matrix = _embedded(nodes)
-    quantized = np.clip(np.rint(matrix * QUANT), -127, 127).astype(np.int8)
+    quantized = _quantized(matrix)
     flat = pa.array(quantized.ravel(), pa.int8())
     offsets = pa.array(np.arange(len(present) + 1, dtype=np.int32) * quantized.shape[1])
     index = pa.array(present, pa.int64())
@@ -497,24 +555,69 @@ def name_vectors(nodes: pa.Table) -> pa.Table:
                      "vector": pa.ListArray.from_arrays(offsets, flat)}, schema=NAME_VECTORS)
 
 
+def _quantized(matrix: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(matrix * QUANT), -127, 127).astype(np.int8)
+
+
+def _node_vectors(nodes: pa.Table) -> pa.Array:
+    """Each node's vector as int8 (`name_vectors`), null for a node without one."""
+    present, matrix = _embedded(nodes)
+    quantized = _quantized(matrix)
+    lengths = np.zeros(nodes.num_rows, np.int64)
+    lengths[present] = quantized.shape[1]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    absent = np.ones(nodes.num_rows, dtype=bool)
+    absent[present] = False
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(quantized.ravel(), pa.int8()),
+                                    mask=pa.array(absent))
+
+
 PAIR_FEATURES = ("core", "cls", "specific", "digits")  # what a pair decision reads of a name
 
 
-def _block_pairs(rows: pl.DataFrame, block: list[str]) -> pl.DataFrame:
-    """Each pair of names (normalized < normalized_b) that share a block of `rows`, once per
-    kind of key, with both names' `PAIR_FEATURES` (the same under each of a name's keys):
-    blocks are joined on names alone, features attached once per pair."""
-    keys = rows.select(*block, "kind", "normalized")
-    pairs = (keys.join(keys.drop("kind"), on=block, suffix="_b")
-             .filter(pl.col("normalized") < pl.col("normalized_b"))
-             .select("group_id", "kind", "normalized", "normalized_b")
-             .unique(maintain_order=True))
-    features = rows.select("group_id", "normalized", *PAIR_FEATURES).unique(
-        ["group_id", "normalized"], keep="first", maintain_order=True)
+def _ranked(keyed: pl.DataFrame, config: ResolveConfig, ordered: bool = True
+            ) -> pl.DataFrame:
+    """The key rows of blocks of two names or more, with their `kind` (the key's first
+    letter); a block of over `max_block` names cut to its most mentioned, so one common
+    key never costs quadratic time. In block order, or (not `ordered`) only the blocks
+    that are cut sorted: at 1,000,000 mentions none was, and the sort of every row took
+    2.4 s of a group's 3.4 s of `pair_ids`."""
+    block = ["group_id", "key"]
+    sized = (keyed.with_columns(kind=pl.col("key").str.slice(0, 1))
+             .with_columns(size=pl.len().over(block)).filter(pl.col("size") > 1))
+    cut = pl.col("size") > config.max_block
+    if not ordered:
+        return pl.concat([sized.filter(~cut), _ranked(sized.filter(cut).drop("kind", "size"),
+                                                      config).drop("rank")])
+    return (sized.sort([*block, "mentions", "normalized"], descending=[False, False, True, False])
+            .with_columns(rank=pl.int_range(pl.len()).over(block))
+            .filter(pl.col("rank") < config.max_block))
+
+
+def _name_pairs(ranked: pl.DataFrame) -> pl.DataFrame:
+    """`NAME_PAIRS`: each pair of names (normalized < normalized_b) that share a `c:`, `d:`
+    or `e` block of `ranked`, once per kind of key (blocks are joined on names alone)."""
+    block = ["group_id", "key"]
+    keys = ranked.filter(pl.col("kind").is_in(["c", "d", "e"])).select(
+        *block, "kind", "normalized")
+    return (keys.join(keys.drop("kind"), on=block, suffix="_b")
+            .filter(pl.col("normalized") < pl.col("normalized_b"))
+            .select("group_id", "kind", "normalized", "normalized_b")
+            .unique(maintain_order=True))
+
+
+def _with_features(pairs: pl.DataFrame, features: pl.DataFrame) -> pl.DataFrame:
+    """`pairs` (group_id, normalized, normalized_b) with both names' `PAIR_FEATURES` (one
+    row of `features` per name), attached once per pair."""
     other = features.rename({"normalized": "normalized_b",
                              **{f: f"{f}_b" for f in PAIR_FEATURES}})
     return (pairs.join(features, on=["group_id", "normalized"])
             .join(other, on=["group_id", "normalized_b"]))
+
+
+def _features(rows: pl.DataFrame) -> pl.DataFrame:
+    return rows.select("group_id", "normalized", *PAIR_FEATURES).unique(
+        ["group_id", "normalized"], keep="first", maintain_order=True)
 
 
 def near_decisions(pairs: pa.Table, vectors: pa.Table, config: ResolveConfig,
@@ -526,10 +629,20 @@ def near_decisions(pairs: pa.Table, vectors: pa.Table, config: ResolveConfig,
     in float32 (at most 127^2 x dim < 2^24), so the cosine does not depend on the order."""
     if pairs.num_rows == 0 or vectors.num_rows == 0:
         return PAIRS.empty_table()
+    decided = _near(pl.from_arrow(pairs), vectors, config, chunk).with_columns(
+        score=pl.col("cosine").round(4),
+        merge=pl.col("merge") & (pl.col("cosine") >= config.embedding_merge))
+    return schema.conform(decided.drop("cosine").to_arrow(), PAIRS)
+
+
+def _near(pairs: pl.DataFrame, vectors: pa.Table, config: ResolveConfig,
+          chunk: int = 65_536) -> pl.DataFrame:
+    """`pairs` (group_id, a, b) of names with a vector whose cosine reaches
+    `embedding_ambiguous`, with it (`cosine`)."""
     index = pl.from_arrow(vectors.select(["group_id", "normalized"])).with_row_index("row")
     matrix = np.asarray(pc.list_flatten(vectors["vector"]).to_numpy(zero_copy_only=False),
                         dtype=np.int8).reshape(vectors.num_rows, -1)
-    found = (pl.from_arrow(pairs).join(index.rename({"normalized": "a"}), on=["group_id", "a"])
+    found = (pairs.join(index.rename({"normalized": "a"}), on=["group_id", "a"])
              .join(index.rename({"normalized": "b", "row": "row_b"}), on=["group_id", "b"]))
     a, b = found["row"].to_numpy(), found["row_b"].to_numpy()
     cosine = np.empty(found.height)
@@ -537,12 +650,9 @@ def near_decisions(pairs: pa.Table, vectors: pa.Table, config: ResolveConfig,
         end = start + chunk
         cosine[start:end] = np.einsum("ij,ij->i", matrix[a[start:end]].astype(np.float32),
                                       matrix[b[start:end]].astype(np.float32))
-    decided = found.drop("row", "row_b").with_columns(
+    return found.drop("row", "row_b").with_columns(
         cosine=pl.Series(cosine / QUANT**2, dtype=pl.Float64)).filter(
-        pl.col("cosine") >= config.embedding_ambiguous).with_columns(
-        score=pl.col("cosine").round(4),
-        merge=pl.col("merge") & (pl.col("cosine") >= config.embedding_merge))
-    return schema.conform(decided.drop("cosine").to_arrow(), PAIRS)
+        pl.col("cosine") >= config.embedding_ambiguous)
 
 
 def pending(pairs: pa.Table, waiting: bool) -> pa.Table:
@@ -552,57 +662,64 @@ def pending(pairs: pa.Table, waiting: bool) -> pa.Table:
     return pairs.filter(unknown if waiting else pc.invert(unknown))
 
 
-# The stage decides pending pairs in a shuffle by group (`engine.shuffle_together`) with
-# their group's name vectors: each vector moves once, where two joins (by a, then by b)
-# moved each pair with a vector of 384 bytes through a second shuffle. The decided pairs
-# pass through it too: splitting them off first cost three more Ray Data steps a build.
-NEAR_TAGGED = pa.schema([("tag", pa.string()), *PAIRS, *NAME_VECTORS.remove(0)])
+# The stage's shuffle by group: the pairs the blocks found ("pair", `NAME_PAIRS`), each name's
+# features and vector ("name") and the names' `s:` and `n:` rows ("short", `KEYED_NAMES`).
+DECIDING = pa.schema([("tag", pa.string()), *KEYED_NAMES, ("kind", pa.string()),
+                      ("normalized_b", pa.string()), ("vector", pa.list_(pa.int8()))])
+NAME_ROWS = pa.schema([("group_id", pa.string()), ("normalized", pa.string()),
+                       *(KEYED_NAMES.field(f) for f in PAIR_FEATURES),
+                       ("vector", pa.list_(pa.int8()))])
 
 
-def near_tagged(table: pa.Table, tag: str) -> pa.Table:
-    """Pending pairs or `NAME_VECTORS` as `NEAR_TAGGED` rows marked `tag`."""
-    marks = pa.array([tag] * table.num_rows, pa.string())
-    return schema.conform(table, NEAR_TAGGED).set_column(0, "tag", marks)
+def deciding(table: pa.Table, tag: str) -> pa.Table:
+    """`table`'s rows as `DECIDING` rows marked `tag` (rows marked already keep theirs)."""
+    rows = schema.conform(table, DECIDING)
+    return rows.set_column(0, "tag", pc.fill_null(rows["tag"], tag))
 
 
-def near_in_groups(rows: pa.Table, config: ResolveConfig) -> pa.Table:
-    """The `NEAR_TAGGED` rows of whole groups, `candidate_pairs`' pairs ("pair") and their
-    names' vectors ("vector"), as decided pairs: the pending ones by `near_decisions`."""
+def pair_ids(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
+    """`NAME_PAIRS` of the blocks in `KEY_ROWS` (shuffled by block), undecided."""
+    if keyed.num_rows == 0:
+        return NAME_PAIRS.empty_table()
+    return _name_pairs(_ranked(pl.from_arrow(keyed), config, ordered=False)
+                       ).to_arrow().cast(NAME_PAIRS)
+
+
+def decide_in_groups(rows: pa.Table, config: ResolveConfig) -> pa.Table:
+    """The `DECIDING` rows of whole groups decided as `candidate_pairs` decides one table:
+    the pairs by their names' features, embedding neighbours by their vectors
+    (`near_decisions`), short names in their `s:` and `n:` blocks; each pair once (blocks of
+    one group meet in different partitions, and a pair two keys found would be published
+    twice: the forget test's rebuilt store had 2 more rows)."""
     def part(tag: str, table_schema: pa.Schema) -> pa.Table:
         return schema.conform(rows.filter(pc.equal(rows["tag"], tag)), table_schema)
 
-    pairs = part("pair", PAIRS)
-    # one row per pair: blocks of one group meet in different partitions, and a pair two
-    # keys found would be published twice (the forget test's rebuilt store had 2 more rows)
+    names = part("name", NAME_ROWS)
+    vectors = names.filter(pc.is_valid(names["vector"])).select(list(NAME_VECTORS.names))
+    found = pl.from_arrow(part("pair", NAME_PAIRS)).unique()
+    # an embedding neighbour is decided only from `embedding_ambiguous` on: at 1,000,000
+    # mentions 1,235,095 band pairs of a group of 152,472 names, 66 of them; the others
+    # dropped first, before their features (the same pairs: `near_decisions` keeps them)
+    band = pl.col("kind") == "e"
+    near = found.filter(band).rename({"normalized": "a", "normalized_b": "b"})
+    near = _near(near, vectors, config) if vectors.num_rows else near.clear()
+    found = pl.concat([found.filter(~band), near.select(
+        "group_id", "kind", normalized="a", normalized_b="b")])
+    short = _ranked(pl.from_arrow(part("short", KEYED_NAMES)), config)
+    pairs = _decided(_with_features(found, _features(pl.from_arrow(
+        names.drop_columns(["vector"])))), _shorts(short, config), config)
     return distinct_pairs(pa.concat_tables([pending(pairs, False), near_decisions(
-        pending(pairs, True), part("vector", NAME_VECTORS), config)]))
+        pending(pairs, True), vectors, config)]))
 
 
-def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
-    """Pair decisions inside each (group, key) block, vectorized. Blocks over `max_block`
-    names are cut to their most mentioned names, so one common key never costs quadratic
-    time. Undecidable pairs (embedding neighbours below the merge threshold) are kept with
-    `merge` false, for an adjudicator."""
-    if keyed.num_rows == 0:
-        return PAIRS.empty_table()
-    block = ["group_id", "key"]
-    df = (pl.from_arrow(keyed).with_columns(kind=pl.col("key").str.slice(0, 1))
-          .with_columns(size=pl.len().over(block)).filter(pl.col("size") > 1)
-          .sort([*block, "mentions", "normalized"], descending=[False, False, True, False])
-          .with_columns(rank=pl.int_range(pl.len()).over(block))
-          .filter(pl.col("rank") < config.max_block))
-    pairs = _block_pairs(df.filter(pl.col("kind").is_in(["c", "d"])), block).with_columns(
-        cosine=pl.lit(0.0))
-    # A pair of names sharing several bands is one pair, its cosine computed once, after
-    # the blocks (`near_decisions`: the vectors of 860,000 band pairs of 6,500 names, copied
-    # per pair, were 2.6 GB and 8 s).
-    near = _block_pairs(df.filter(pl.col("kind") == "e"), block).with_columns(
-        cosine=pl.lit(None, pl.Float64))
-    columns = ["group_id", "kind", "normalized", "normalized_b", "cosine",
-               *(f"{f}{side}" for f in PAIR_FEATURES for side in ("", "_b"))]
-    pairs = pairs.select(columns)
-    pairs = pl.concat([pairs, near.select(columns)]).unique(
-        ["group_id", "normalized", "normalized_b", "kind"], keep="first", maintain_order=True)
+def _shorts(ranked: pl.DataFrame, config: ResolveConfig) -> pl.DataFrame:
+    return pl.concat([_short_names(ranked, config), _nicknames(ranked, config)])
+
+
+def _decided(pairs: pl.DataFrame, short: pl.DataFrame, config: ResolveConfig) -> pa.Table:
+    """PAIRS of `pairs` (`_name_pairs` with `_with_features`) and the `short` name matches,
+    decided by rules; embedding neighbours pending (score null, `merge` whether both are
+    named things; `near_decisions` gives their cosine)."""
     shared = pl.col("specific").list.set_intersection(pl.col("specific_b")).list.len() > 0
     compatible = (pl.col("digits") == pl.col("digits_b")) & (
         (pl.col("cls") == "") | (pl.col("cls_b") == "") | (pl.col("cls") == pl.col("cls_b"))
@@ -611,9 +728,8 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
     pairs = pairs.filter(compatible & ~same_core)
     # an organisation's short form keeps its meaning whatever its label: spaCy tags a bare
     # "Fordham" a place in the sentence after "Fordham University", an organisation
-    short = pl.concat([_short_names(df, config), _nicknames(df, config)]).filter(
-        compatible | ((pl.col("evidence") == "short_form")
-                      & (pl.col("digits") == pl.col("digits_b"))))
+    short = short.filter(compatible | ((pl.col("evidence") == "short_form")
+                                       & (pl.col("digits") == pl.col("digits_b"))))
     if pairs.height == 0 and short.height == 0:
         return PAIRS.empty_table()
     similarity = np.zeros(pairs.height)
@@ -633,7 +749,7 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
         .otherwise(pl.lit("embedding")),
         score=pl.when(kind == "c").then(pl.lit(1.0))
         .when(kind == "d").then(pl.col("similarity").round(4))
-        .otherwise(pl.col("cosine").round(4)),
+        .otherwise(pl.lit(None, pl.Float64)),
         merge=pl.when(kind == "c").then(pl.lit(True))
         .when(kind == "d").then(pl.col("similarity") >= config.min_similarity)
         .otherwise(named_both),  # and its cosine at embedding_merge: near_decisions
@@ -645,9 +761,25 @@ def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
         b=pl.max_horizontal("normalized", "normalized_b"),
         evidence="evidence", score="score", merge="merge")
     out = out.unique(["group_id", "a", "b", "evidence"], keep="first", maintain_order=True)
-    pairs = schema.conform(out.sort(["group_id", "a", "b", "evidence"]).to_arrow(), PAIRS)
+    return schema.conform(out.sort(["group_id", "a", "b", "evidence"]).to_arrow(), PAIRS)
+
+
+def candidate_pairs(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
+    """Pair decisions inside each (group, key) block of `blocking_keys`, vectorized. Blocks
+    over `max_block` names are cut to their most mentioned names (`_ranked`). Undecidable
+    pairs (embedding neighbours below the merge threshold) are kept with `merge` false, for
+    an adjudicator; without the keys' vectors, embedding neighbours are left pending (the
+    stage decides the same pairs in two shuffles: `pair_ids`, `decide_in_groups`)."""
+    if keyed.num_rows == 0:
+        return PAIRS.empty_table()
+    df = _ranked(pl.from_arrow(keyed), config)
+    pairs = _decided(_with_features(_name_pairs(df), _features(df)), _shorts(df, config),
+                     config)
     if "vector" not in keyed.column_names:
-        return pairs  # embedding neighbours pending: the stage joins their vectors on
+        return pairs  # embedding neighbours pending
+    # A pair of names sharing several bands is one pair, its cosine computed once, after
+    # the blocks (`near_decisions`: the vectors of 860,000 band pairs of 6,500 names, copied
+    # per pair, were 2.6 GB and 8 s).
     vectors = (pl.from_arrow(keyed.select(["group_id", "normalized", "vector"]))
                .filter(pl.col("vector").is_not_null()).unique(["group_id", "normalized"])
                .to_arrow())
@@ -947,12 +1079,12 @@ def untagged(rows: pa.Table, tag: str, table_schema: pa.Schema) -> pa.Table:
 
 def against_stored(rows: pa.Table) -> pa.Table:
     """`blocks_to_recompute` over the `TAGGED` rows of whole groups: stored pairs ("stored"),
-    every name's block keys ("key") and tonight's names ("changed") give the stored pairs
-    kept ("kept") and dropped ("dropped": all `known_pairs` needs of the store) and the
-    blocks to recompute ("block")."""
+    every name's block keys ("key", and "short": its `s:` and `n:` rows) and tonight's names
+    ("changed") give the stored pairs kept ("kept") and dropped ("dropped": all
+    `known_pairs` needs of the store) and the blocks to recompute ("block")."""
     stored = untagged(rows, "stored", PAIRS)
-    kept, blocks = blocks_to_recompute(stored, untagged(rows, "key", NAME_KEYS),
-                                       untagged(rows, "changed", NAMES))
+    keys = pa.concat_tables([untagged(rows, tag, NAME_KEYS) for tag in ("key", "short")])
+    kept, blocks = blocks_to_recompute(stored, keys, untagged(rows, "changed", NAMES))
     dropped = pl.from_arrow(stored).join(pl.from_arrow(kept).select("group_id", "a", "b"),
                                          on=["group_id", "a", "b"], how="anti")
     return pa.concat_tables([tagged(kept, "kept"),

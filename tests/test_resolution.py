@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
 from tkg.pipeline import schema
 from tkg.pipeline.config import ResolveConfig
 from tkg.pipeline.resolve import (
@@ -17,14 +19,19 @@ from tkg.pipeline.resolve import (
     candidate_pairs,
     cluster,
     core_name,
+    decide_in_groups,
+    deciding,
     deletion_keys,
     distinct_pairs,
     known_in_groups,
     known_pairs,
+    name_keys,
+    name_rows,
     name_vectors,
     near_decisions,
     node_pairs,
     normalize_name,
+    pair_ids,
     pending,
     tagged,
     untagged,
@@ -155,6 +162,35 @@ def test_embedding_neighbours_decided_after_the_blocks_are_those_of_one_table():
     assert _sorted(pa.concat_tables([pending(found, False), near])) == _sorted(whole)
     assert {(p["a"], p["merge"]) for p in whole.to_pylist() if p["evidence"] == "embedding"
             } == {("globex", False), ("new york city", True), ("biggest account", False)}
+
+
+@pytest.mark.parametrize("max_block", [200, 2])
+def test_the_stage_decides_in_two_shuffles_as_one_table(max_block):
+    """The stage's shuffle by block carries only (group, key, name, mentions)
+    (`name_keys`) and finds pairs of names (`pair_ids`, in blocks spread over partitions);
+    a shuffle by group decides them with each name's features, vector and short-name rows
+    (`name_rows`, `decide_in_groups`): the pairs of `candidate_pairs` over one table,
+    blocks cut at `max_block` included."""
+    config = ResolveConfig(max_block=max_block)
+    table = _nodes_table([
+        node("Globex", ("Organization",), 2, vector=_unit(1, 0, 0, 0)),
+        node("Globex Corp", ("Organization",), vector=_unit(1, 0.1, 0, 0)),
+        node("Initrode", ("Organization",), vector=_unit(1, 0.5, 0, 0)),
+        node("NYC", ("Location",), 2, vector=_unit(0, 1, 0, 0)),
+        node("New York City", ("Location",), vector=_unit(0, 1, 0.2, 0)),
+        node("Daniel Okafor", mentions=3, vector=_unit(0, 0, 0, 1)), node("Daniel Okafur"),
+        node("Okafor, Daniel", mentions=2), node("Okafor"), node("Dr. Daniel Okafor"),
+        node("Melanie Ruiz", mentions=2), node("Mel"), node("Ticket T-17", ("Ticket",)),
+        node("T-17", ("Ticket",))])
+    keyed = name_keys(table, config)
+    assert set(keyed.column_names) == {"group_id", "key", "normalized", "mentions"}
+    spelling = pc.starts_with(keyed["key"], "d:")  # whole blocks in two partitions, and
+    parts = [keyed.filter(spelling), keyed.filter(pc.invert(spelling)), keyed]  # all again
+    found = pa.concat_tables([pair_ids(part, config) for part in parts])
+    rows = pa.concat_tables([deciding(found, "pair"), name_rows(table, config)])
+    whole = candidate_pairs(blocking_keys(table, config), config)
+    assert whole.num_rows > 5
+    assert _sorted(decide_in_groups(rows, config)) == _sorted(distinct_pairs(whole))
 
 
 def test_cluster_ids_are_deterministic():

@@ -38,17 +38,16 @@ def _undecided(pairs: Dataset) -> int:
     return engine.total(pairs, lambda block: int(pc.sum(pc.invert(block["merge"])).as_py() or 0))
 
 
-def _candidates(ctx: RunContext, keyed: Dataset, vectors: Dataset) -> Dataset:
-    """Pair decisions of the blocks in `keyed` (shuffled by block, without vectors); the
-    embedding neighbours they leave pending are decided with their group's name `vectors`
-    (`resolve.near_in_groups`, in a shuffle by group)."""
-    found = engine.shuffle(ctx, keyed, ["group_id", "key"], resolve.candidate_pairs,
+def _candidates(ctx: RunContext, keyed: Dataset, names: dict[str, Dataset]) -> Dataset:
+    """Pair decisions of the blocks in `keyed` (`resolve.KEY_ROWS`): the blocks' pairs of
+    names (a shuffle by block, `resolve.pair_ids`), decided with what `names` carry of each
+    name (`resolve.name_rows`: features, vector, short-name rows) in a shuffle by group
+    (`resolve.decide_in_groups`)."""
+    found = engine.shuffle(ctx, keyed, ["group_id", "key"], resolve.pair_ids,
                            ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
                            ).materialize()
-    if vectors.count() == 0:  # computed: read off metadata; no embedding neighbours
-        return engine.shuffle(ctx, found, ["group_id"], resolve.distinct_pairs).materialize()
-    return engine.shuffle_together(ctx, {"pair": found, "vector": vectors}, ["group_id"],
-                                   resolve.near_tagged, resolve.near_in_groups,
+    return engine.shuffle_together(ctx, {"pair": found, **names}, ["group_id"],
+                                   resolve.deciding, resolve.decide_in_groups,
                                    ctx.config.resolve).materialize()
 
 
@@ -90,7 +89,7 @@ def _part(ctx: RunContext, rows: Dataset, tag: str, table_schema: pa.Schema) -> 
     return engine.map(ctx, rows, resolve.untagged, tag, table_schema).materialize()
 
 
-def _pairs_against_stored(ctx: RunContext, keyed: Dataset, vectors: Dataset, stored: Dataset,
+def _pairs_against_stored(ctx: RunContext, keyed: Dataset, names: Dataset, stored: Dataset,
                           new: Dataset) -> Dataset:
     """The pairs of a later run: the stored ones no name of tonight can alter, and the
     blocks tonight's names fall in decided again (`resolve.blocks_to_recompute`, per group);
@@ -98,13 +97,17 @@ def _pairs_against_stored(ctx: RunContext, keyed: Dataset, vectors: Dataset, sto
     name's block keys stay datasets: each step is a shuffle by group or a join, so nothing
     of the store's size comes to the driver beyond what the size policy places there."""
     changed = engine.map(ctx, new, resolve.mention_rows).materialize()
-    against = _by_group(ctx, resolve.against_stored, stored=stored, key=keyed,
+    short = _part(ctx, names, "short", resolve.KEYED_NAMES)
+    against = _by_group(ctx, resolve.against_stored, stored=stored, key=keyed, short=short,
                         changed=changed)
     blocks = _part(ctx, against, "block", resolve.BLOCKS)
     ctx.count("resolve_blocks_recomputed", blocks.count())  # computed: read off metadata
-    # blocks are distinct (group_id, key): the inner join is the semi-join "keyed in blocks"
-    fresh = _candidates(ctx, engine.join(ctx, keyed, blocks, "inner", ("group_id", "key")
-                                         ).materialize(), vectors)
+    def in_blocks(rows: Dataset) -> Dataset:
+        # blocks are distinct (group_id, key): the inner join is the semi-join "in blocks"
+        return engine.join(ctx, rows, blocks, "inner", ("group_id", "key")).materialize()
+
+    fresh = _candidates(ctx, in_blocks(keyed), {
+        "name": _part(ctx, names, "name", resolve.NAME_ROWS), "short": in_blocks(short)})
     known = _by_group(ctx, resolve.known_in_groups, fresh=fresh,
                       stored=_part(ctx, against, "dropped", resolve.PAIRS), changed=changed)
     decided = _adjudicated(ctx, _part(ctx, known, "tonight", resolve.PAIRS))
@@ -115,13 +118,13 @@ def _pairs_against_stored(ctx: RunContext, keyed: Dataset, vectors: Dataset, sto
 
 def _resolved(ctx: RunContext, inputs: dict[str, Dataset],
               decide: Callable[[Dataset, Dataset], Dataset]) -> dict[str, Dataset]:
-    """Blocking keys and name vectors, the pairs `decide` makes of them, connected
-    components and entities, each a shuffle keyed by group."""
+    """Blocking keys and what a pair decision reads of each name (`resolve.name_keys`,
+    `resolve.name_rows`), the pairs `decide` makes of them, connected components and
+    entities, each a shuffle keyed by group."""
     nodes = inputs["name_vectors"]
-    keyed = engine.map(ctx, nodes, resolve.blocking_keys, ctx.config.resolve, False
-                       ).materialize()
-    vectors = engine.map(ctx, nodes, resolve.name_vectors).materialize()
-    pairs = decide(keyed, vectors)
+    keyed = engine.map(ctx, nodes, resolve.name_keys, ctx.config.resolve).materialize()
+    names = engine.map(ctx, nodes, resolve.name_rows, ctx.config.resolve).materialize()
+    pairs = decide(keyed, names)
     every_node = engine.map(ctx, nodes, resolve.node_pairs)
     alias_map = engine.shuffle(ctx, engine.union(ctx, pairs, every_node), ["group_id"],
                                resolve.cluster).materialize()
@@ -140,8 +143,8 @@ def _resolved(ctx: RunContext, inputs: dict[str, Dataset],
 
 def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Every block decided (the adjudicator asked about what the rules leave open)."""
-    return _resolved(ctx, inputs, lambda keyed, vectors: _adjudicated(
-        ctx, _candidates(ctx, keyed, vectors)))
+    return _resolved(ctx, inputs, lambda keyed, names: _adjudicated(
+        ctx, _candidates(ctx, keyed, {"name": names})))
 
 
 def resolve_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -151,8 +154,8 @@ def resolve_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dat
     stored = _stored_pairs(ctx)
     if stored is None:
         return resolve_stage(ctx, inputs)
-    return _resolved(ctx, inputs, lambda keyed, vectors: _pairs_against_stored(
-        ctx, keyed, vectors, stored, inputs["extractions"]))
+    return _resolved(ctx, inputs, lambda keyed, names: _pairs_against_stored(
+        ctx, keyed, names, stored, inputs["extractions"]))
 
 
 STAGE = Stage("resolve", ("name_vectors", "extractions", "entity_mentions"),
