@@ -53,6 +53,7 @@ from tkg.pipeline.datasets import empty_dataset, read_parquet_files
 from tkg.pipeline.resolve import normalize_name
 from tkg.pipeline.stages import INTERNAL_EXTRACTIONS, INTERNAL_PAIRS, REGISTRY
 from tkg.pipeline.stages.common import embed_changed, previous_table
+from tkg.pipeline.stages.facts import INTERNAL_NAMES
 from tkg.pipeline.storage import Location
 
 log = logging.getLogger("tkg.forget")
@@ -61,12 +62,14 @@ GROUP_DIR = re.compile(r"(?:^|/)group_id=([^/]+)/")
 
 # Tables whose rows of a touched group are all derived again (its files are replaced).
 DERIVED = ("entities", "entity_aliases", "mentions", "facts", "communities",
-           "community_members", INTERNAL_PAIRS, INTERNAL_EXTRACTIONS)
+           "community_members", INTERNAL_PAIRS, INTERNAL_EXTRACTIONS, INTERNAL_NAMES)
 # What the forget's stages publish: work output -> table (the build's names).
 PUBLISHED = {"extractions": INTERNAL_EXTRACTIONS, "resolution_pairs": INTERNAL_PAIRS,
              "entity_aliases": "entity_aliases", "mentions": "mentions",
              "entities_embedded": "entities", "facts_versioned": "facts",
-             "communities": "communities", "community_members": "community_members"}
+             "communities": "communities", "community_members": "community_members",
+             # without it, the next night takes every entity of a touched group as changed
+             "name_map": INTERNAL_NAMES}
 
 
 class ForgetError(ValueError):

@@ -21,6 +21,7 @@ from tkg.pipeline import forget as fg
 from tkg.pipeline import schema, store
 from tkg.pipeline.build import build
 from tkg.pipeline.stages import INTERNAL_EXTRACTIONS, INTERNAL_PAIRS
+from tkg.pipeline.stages.facts import INTERNAL_NAMES
 
 from tests.conftest import CORPUS
 
@@ -28,7 +29,8 @@ from tests.conftest import CORPUS
 IGNORED = {"run_id", "created_at", "expired_at", "content_embedding", "name_embedding",
            "fact_embedding", "file", "line", "payload"}
 VECTORS = {"entities": ("entity_id", "name_embedding"), "facts": ("edge_id", "fact_embedding")}
-TABLES = [t for t in schema.PUBLISHED if t != "runs"] + [INTERNAL_EXTRACTIONS, INTERNAL_PAIRS]
+TABLES = [t for t in schema.PUBLISHED if t != "runs"] + [INTERNAL_EXTRACTIONS, INTERNAL_PAIRS,
+                                                         INTERNAL_NAMES]
 
 
 def _schema(table: str, dim: int) -> pa.Schema:
@@ -36,6 +38,8 @@ def _schema(table: str, dim: int) -> pa.Schema:
         return schema.EXTRACTIONS
     if table == INTERNAL_PAIRS:
         return schema.RESOLUTION_PAIRS
+    if table == INTERNAL_NAMES:
+        return schema.NAME_MAP
     return schema.PUBLISHED[table](dim)
 
 
