@@ -152,14 +152,19 @@ class RecordFact(ExtractedFact):
     target_by_key: bool = False
 
 
+def _without_id(field: str) -> str:
+    """A field name less its id word (`reports_to_id` -> `reports_to`, `SupportRepId` ->
+    `SupportRep`): what its relation and a reference's text are named after."""
+    return re.sub(r"_?(id|Id|ID)$", "", field) or field
+
+
 def field_words(field: str, reference: bool = False) -> str:
     """A field name as the words of a fact's text: `billing_city` -> `billing city`; a
     reference's in words without its id word (the edge is to the record, not its id):
     `reports_to_id` -> `reports to`, `SupportRepId` -> `support rep`."""
     if not reference:
         return field.replace("_", " ")
-    words = relation_name(field).lower().split("_")
-    return " ".join(words[:-1] if len(words) > 1 and words[-1] == "id" else words)
+    return relation_name(_without_id(field)).lower().replace("_", " ")
 
 
 class Named(NamedTuple):
@@ -180,8 +185,7 @@ class _Mapper:
 
     def fact(self, subject: Named, field: str, target: Named, by_key: bool = False) -> None:
         """An edge of the field; `by_key`: the target is a record named by its key name."""
-        relation = self.source.relations.get(field) or relation_name(
-            re.sub(r"_?(id|Id|ID)$", "", field) or field)
+        relation = self.source.relations.get(field) or relation_name(_without_id(field))
         words = field_words(field, reference=by_key)
         self.out.facts.append(RecordFact(subject.known_as, target.known_as, relation,
                                          f"{subject.name}: {words} {target.name}",
