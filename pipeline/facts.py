@@ -171,20 +171,10 @@ def keyed_targets(rows: pa.Table, keyed: bool = True) -> pa.Table:
     return rows.filter(found if keyed else pc.invert(found))
 
 
-TARGET_NAMES = pa.schema([("group_id", pa.string()), ("target_entity_id", pa.string()),
-                          ("target_name", pa.string())])
-
-
-def target_names(entities: pa.Table) -> pa.Table:
-    """Resolved entities -> TARGET_NAMES (each entity's name, to join to fact rows)."""
-    return pa.table({"group_id": entities["group_id"],
-                     "target_entity_id": entities["entity_id"],
-                     "target_name": entities["name"]}, schema=TARGET_NAMES)
-
-
 def name_targets(rows: pa.Table) -> pa.Table:
-    """Keyed fact rows joined (left) with TARGET_NAMES -> FACT_ROWS whose text names the
-    target by its entity's name in place of the key name (its last occurrence)."""
+    """Keyed fact rows joined (left) with their target entity's name (`target_name`) ->
+    FACT_ROWS whose text names the target by that name in place of the key name (its
+    last occurrence)."""
     if "target_name" not in rows.column_names:  # no names joined: texts as they are
         return schema.conform(rows, schema.FACT_ROWS)
     texts = [_renamed(text, key, name) for text, key, name in zip(

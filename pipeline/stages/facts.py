@@ -38,6 +38,10 @@ def _merged_edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset,
                           facts.merge_facts, ctx.created_at)
 
 
+TARGET_COLUMNS = ["group_id", "entity_id", "name"]  # a resolved entity's, as a fact's target
+TARGET_NAMES = {"entity_id": "target_entity_id", "name": "target_name"}
+
+
 def _named_targets(ctx: RunContext, rows: Dataset, entity_names: Dataset) -> Dataset:
     """Fact rows with `facts.name_targets` applied to those whose text calls the target by
     a key name (a record's references: a few per record, none in conversations), joined
@@ -45,8 +49,9 @@ def _named_targets(ctx: RunContext, rows: Dataset, entity_names: Dataset) -> Dat
     keyed = engine.nonempty(engine.map(ctx, rows, facts.keyed_targets))
     if keyed is None:
         return rows
-    named = engine.join(ctx, keyed, engine.map(ctx, entity_names, facts.target_names),
-                        "left_outer", ("group_id", "target_entity_id"))
+    names = engine.map(ctx, engine.map(ctx, entity_names, only, TARGET_COLUMNS),
+                       rename(TARGET_NAMES))
+    named = engine.join(ctx, keyed, names, "left_outer", ("group_id", "target_entity_id"))
     return engine.union(ctx, engine.map(ctx, rows, facts.keyed_targets, False),
                         engine.map(ctx, named, facts.name_targets))
 
@@ -73,11 +78,15 @@ def _edges(ctx: RunContext, mentions: Dataset, alias_map: Dataset, entity_names:
 RECORD_COLUMNS = ["group_id", "episode_id", "valid_at", "entities", "facts"]
 
 
-def _version_ends(ctx: RunContext, extractions: Dataset, alias_map: Dataset) -> Dataset:
-    """`records.version_ends` of every keyed record (this run's versions and earlier
-    runs'), by a shuffle per record: a version arriving tonight ends the stored edges its
-    record no longer states, as one run over everything would."""
-    statements = engine.map(ctx, extractions, records.record_statements, True)
+def _tonight_statements(ctx: RunContext, extractions: Dataset) -> Dataset:
+    """`records.record_statements` of this run's extractions (its record versions)."""
+    return engine.map(ctx, extractions, records.record_statements, True).materialize()
+
+
+def _version_ends(ctx: RunContext, statements: Dataset, alias_map: Dataset) -> Dataset:
+    """`records.version_ends` of every keyed record (this run's versions, `statements`,
+    and earlier runs'), by a shuffle per record: a version arriving tonight ends the
+    stored edges its record no longer states, as one run over everything would."""
     earlier = previous_table(ctx, INTERNAL_EXTRACTIONS, RECORD_COLUMNS)
     if earlier is not None:
         statements = engine.union(ctx, statements, engine.map(
@@ -108,7 +117,8 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     """Edges and summaries over every extraction (earlier runs' included)."""
     mentions = engine.map(ctx, all_extractions(ctx, inputs["extractions"], FACT_COLUMNS),
                           facts.fact_mentions)
-    ends = _version_ends(ctx, inputs["extractions"], inputs["alias_map"])
+    ends = _version_ends(ctx, _tonight_statements(ctx, inputs["extractions"]),
+                         inputs["alias_map"])
     checked = _edges(ctx, mentions, inputs["alias_map"], inputs["resolved_entities"], ends)
     return _with_summaries(ctx, inputs, checked, _summaries(ctx, checked), empty_dataset())
 
@@ -122,10 +132,11 @@ def facts_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
     stored = previous_table(ctx, "facts", schema.MERGED_FACTS.names)
     if stored is None:
         return facts_stage(ctx, inputs)
-    ends = _version_ends(ctx, inputs["extractions"], inputs["alias_map"])
+    statements = _tonight_statements(ctx, inputs["extractions"])
+    ends = _version_ends(ctx, statements, inputs["alias_map"])
     checked, summaries, recomputed = _touched_facts(
         ctx, inputs["extractions"], inputs["alias_map"], inputs["resolved_entities"], stored,
-        ends)
+        ends, _versioned_records(ctx, statements, inputs["alias_map"]))
     return _with_summaries(ctx, inputs, checked, summaries, recomputed)
 
 
@@ -161,12 +172,14 @@ SIDE = "_side"  # which input a row of a tagged union comes from: "old" (stored)
 
 
 def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, entity_names: Dataset,
-                   stored: Dataset, ends: Dataset) -> tuple[Dataset, Dataset, Dataset]:
+                   stored: Dataset, ends: Dataset, versioned: set[str]
+                   ) -> tuple[Dataset, Dataset, Dataset]:
     """Edges and summaries where a later run changed something; everything else is the
     previous snapshot's. Invalidation and merging look at one subject's edges only.
 
     - Subjects rebuilt from their whole history: entities whose names changed (merges,
-      renames, new entities: `_changed_entities`) and subjects with a stored edge
+      renames, new entities: `_changed_entities`), the records a version of this run
+      restates (`versioned`: `_versioned_records`) and subjects with a stored edge
       to one (its edge id changes) or to a record whose name changed (its text may name
       it: `_renamed_records`). Their edges are rebuilt from every mention that has
       them as subject, earlier runs' included, exactly as a full build would; earlier
@@ -191,8 +204,7 @@ def _touched_facts(ctx: RunContext, new: Dataset, alias_map: Dataset, entity_nam
         "target_entity_id", changed | _renamed_records(ctx, entity_names)))
     edged = engine.gather(ctx, to_changed, ["source_entity_id"],
                           what="subjects of edges to changed entities")
-    rebuilt = (changed | _versioned_records(ctx, new, alias_map)
-               | set(edged["source_entity_id"].to_pylist()))
+    rebuilt = (changed | versioned | set(edged["source_entity_id"].to_pylist()))
     plain = tonight - rebuilt
     open_edges = engine.map(ctx, stored, open_versions).materialize()
     stored_before = engine.total(engine.map(ctx, stored_names, in_set("entity_id", rebuilt)),
@@ -259,14 +271,15 @@ def _tonight_subjects(ctx: RunContext, mentions: Dataset, alias_map: Dataset) ->
                              what="tonight's fact subjects")["source_entity_id"].to_pylist())
 
 
-def _versioned_records(ctx: RunContext, new: Dataset, alias_map: Dataset) -> set[str]:
-    """The entities of the records a version of this run restates: rebuilt, not extended.
+def _versioned_records(ctx: RunContext, statements: Dataset, alias_map: Dataset
+                       ) -> set[str]:
+    """The entities of the records a version of this run restates (`statements`, this
+    run's `_tonight_statements`): rebuilt, not extended.
     A record's ends are not monotone as the stated ends of facts are (`combine_edges`): a
     version that states again a field an earlier one dropped reopens its edge, which a
     stored end kept by `combine_edges` would not (10,000 + 200 synthetic episodes: 2 edges
     left ended once record subjects stopped being rebuilt every night)."""
-    versions = engine.map(ctx, engine.map(ctx, new, records.record_statements, True),
-                          records.versions_only)
+    versions = engine.map(ctx, statements, records.versions_only)
     entities = join_alias_map(versions, alias_map, ctx, "record")
     return set(engine.gather(ctx, entities, ["entity_id"], what="records versioned tonight")
                ["entity_id"].to_pylist())
