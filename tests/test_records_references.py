@@ -72,3 +72,17 @@ def test_a_reference_is_named_once_its_record_arrives(runs):
                                          (2, "Jane Peacock: reports to Nancy Edwards", False)]
     assert versions[0][3] != versions[1][3]  # the new text is embedded, not carried
     assert "Jane Peacock: reports to Nancy Edwards." in summary and "Employee" not in summary
+
+
+def test_record_names_are_the_entities_keyed_as_a_record() -> None:
+    """An entity is a record's when its attributes carry the record key, not when a value
+    of another attribute merely reads "record"."""
+    import pyarrow as pa
+    from tkg.pipeline.extract import records
+
+    entities = pa.table({
+        "group_id": ["g"] * 4, "entity_id": ["a", "b", "c", "d"],
+        "name": ["Nancy Edwards", "Jane Peacock", "Acme", "Bob"],
+        "attributes": [json.dumps({"record": "Employee 2", "title": "Manager"}),
+                       json.dumps({"kind": "record"}), None, json.dumps({"record": ""})]})
+    assert records.record_names(entities)["entity_id"].to_pylist() == ["a"]

@@ -341,9 +341,12 @@ def record_names(entities: pa.Table) -> pa.Table:
 
     if "attributes" not in entities.column_names:  # a block without rows or columns
         return RECORD_NAMES.empty_table()
-    keyed = pc.fill_null(pc.match_substring(entities["attributes"], f'"{RECORD_ATTRIBUTE}"'),
-                         False)
-    return entities.filter(keyed).select(RECORD_NAMES.names).cast(RECORD_NAMES)
+    quoted = pc.fill_null(pc.match_substring(entities["attributes"], f'"{RECORD_ATTRIBUTE}"'),
+                          False)  # (a cheap pass before parsing: most entities are no record)
+    candidates = entities.filter(quoted)
+    keyed = [_key_of(a) is not None for a in candidates["attributes"].to_pylist()]
+    return candidates.filter(pa.array(keyed, pa.bool_())).select(RECORD_NAMES.names).cast(
+        RECORD_NAMES)
 
 
 def record_statements(extractions: pa.Table, tonight: bool) -> pa.Table:
@@ -391,10 +394,15 @@ def resolved_statements(statements: pa.Table) -> pa.Table:
 
 def _own_key(entities: list[dict] | None) -> str | None:
     """The key name of the record an extraction maps (its first entity's), else None."""
-    if not entities or not entities[0].get("attributes"):
+    return _key_of(entities[0].get("attributes")) if entities else None
+
+
+def _key_of(attributes: str | None) -> str | None:
+    """The record key name in an entity's attributes (JSON), else None."""
+    if not attributes:
         return None
     try:
-        value = json.loads(entities[0]["attributes"]).get(RECORD_ATTRIBUTE)
+        value = json.loads(attributes).get(RECORD_ATTRIBUTE)
     except (ValueError, AttributeError):
         return None
     return value if isinstance(value, str) and value.strip() else None
