@@ -664,8 +664,9 @@ class ServeConfig(_Section):
     workers: int = Field(4, ge=1, description="threads running retrieval, per process")
     processes: int = Field(
         1, ge=1, le=64, description="retrieval processes: above 1, searches run in this many "
-        "processes behind the one that speaks HTTP, each opening the snapshot (memory grows "
-        "with them). A query holds its process's interpreter lock: one per CPU under load")
+        "processes behind the one that speaks HTTP, each opening the snapshot, and one more, "
+        "a spare, opens a newly published snapshot while they answer (memory grows with them). "
+        "A query holds its process's interpreter lock: one per CPU under load")
     queue: int = Field(64, ge=1, description="requests waiting beyond the workers, then 503")
     poll_s: float = Field(0.5, gt=0, description="how often STORE/CURRENT is checked")
 

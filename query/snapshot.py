@@ -45,12 +45,16 @@ class SnapshotHolder(Generic[S]):
     mtime, size or inode moved) and opens a newly published snapshot on the caller's thread.
     After `watch`, a background thread does that and `get` returns what is open, so no caller
     waits for a load; a snapshot that cannot be opened is logged and the old one kept.
+    With `follow=False`, `get` returns what is open and only `refresh` moves it: a retrieval
+    process of `tkg serve`, which its server tells when to switch (`query.serve.pool`).
     A switch is one reference swap: a caller keeps the snapshot `get` gave it to the end."""
 
-    def __init__(self, store_dir: str | Path, open_run: Callable[[Location], S]) -> None:
+    def __init__(self, store_dir: str | Path, open_run: Callable[[Location], S],
+                 follow: bool = True) -> None:
         self.store = storage.location(store_dir)
         self.switches = 0
         self._open_run = open_run
+        self._follow = follow
         self._lock = threading.Lock()
         self._stamp: tuple[int, int, int] | None = None
         self._current: S | None = None
@@ -59,7 +63,7 @@ class SnapshotHolder(Generic[S]):
         self.refresh()
 
     def get(self) -> S:
-        if self._watcher is None:
+        if self._watcher is None and self._follow:
             self.refresh()
         assert self._current is not None
         return self._current

@@ -348,10 +348,26 @@ def test_without_keys_only_loopback(capsys):
     assert "without --keys" in capsys.readouterr().err
 
 
+def _retrieval_processes(server_pid: int) -> list[int]:
+    """The retrieval processes `tkg serve` spawned (its children running `spawn_main`)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if int(stat[1]) == server_pid and b"spawn_main" in command:
+            found.append(int(entry))
+    return sorted(found)
+
+
 def test_retrieval_processes_answer_count_and_switch(tmp_path):
-    """`serve.processes = 2`: searches run in two retrieval processes behind one HTTP
-    process with the configured recipe (facts only), metrics count them all, and a
-    published snapshot reaches both retrieval processes without a failed request."""
+    """`serve.processes = 2`: searches run in two retrieval processes (and a spare) behind
+    one HTTP process with the configured recipe (facts only), metrics count them all, a
+    published snapshot reaches the processes that answer without a failed request, and
+    when two of the three exit, the one left answers."""
+    import signal
     import time
 
     import httpx
@@ -387,6 +403,17 @@ def test_retrieval_processes_answer_count_and_switch(tmp_path):
             assert "bench-2" in seen
             assert all(client.post("/search", json=body).headers["x-tkg-snapshot"] == "bench-2"
                        for _ in range(20))
+            retrieval = _retrieval_processes(server.pid)
+            assert len(retrieval) == 3
+            for pid in retrieval[:2]:
+                os.kill(pid, signal.SIGKILL)
+            for _ in range(100):  # (bounded: the server reaps each as it sees it exit)
+                if not any(Path(f"/proc/{pid}").exists() for pid in retrieval[:2]):
+                    break
+                time.sleep(0.05)
+            answers = [client.post("/search", json=body) for _ in range(10)]
+            assert [r.status_code for r in answers] == [200] * 10
+            assert {r.headers["x-tkg-snapshot"] for r in answers} == {"bench-2"}
     finally:
         server.terminate()
         server.wait(timeout=30)

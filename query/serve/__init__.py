@@ -16,8 +16,9 @@ no request waits for the load; a request keeps the snapshot it started on to the
 
 A query holds the interpreter lock, so threads alone use one core. With `serve.processes`
 > 1 this process only speaks HTTP (and answers history and entity lookups from the catalog)
-and sends each search to the next free one of that many retrieval processes, each with its
-own snapshot and watcher, which also encode the JSON.
+and sends each search to a free one of that many retrieval processes (or queues it for the
+first that frees), each with its own snapshot, which also encode the JSON; a newly published
+snapshot reaches them one at a time, each opening it between two searches (`pool`).
 
 Modules: `app` (the app and `serve`), `routes` (HTTP, tenancy, bounds), `pool` (where
 searches run), `metrics` (Prometheus, middleware); the catalog lookups are

@@ -54,7 +54,7 @@ def open_service(store_dir: str | Path, keys_file: str | Path | None, limits: Se
     metrics.serving(snapshots.get().run_id, 0)
     return Service(limits=limits, keys=api_keys.KeyFile(keys_file) if keys_file else None,
                    snapshots=snapshots, retriever=retriever,
-                   workers=Workers(store_dir, limits, metrics, query), metrics=metrics)
+                   workers=Workers(store_dir, limits, metrics, query, snapshots), metrics=metrics)
 
 
 def create_app(store_dir: str | Path, keys_file: str | Path | None = None,
@@ -116,7 +116,8 @@ def serve(store_dir: str, host: str = "127.0.0.1", port: int = 8080,
     app = create_app(store_dir, keys_file, limits, query=query)
     run_id = app.state.service.snapshots.get().run_id
     many = limits.processes > 1
+    processes = (f"{limits.processes} retrieval processes and a spare that opens a new "
+                 "snapshot" if many else "1 retrieval process")
     print(f"tkg serve: snapshot {run_id} of {store_dir} on http://{host}:{port} "
-          f"({limits.processes} retrieval process{'es' if many else ''}; docs at /docs)",
-          flush=True)
+          f"({processes}; docs at /docs)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
