@@ -343,12 +343,12 @@ def run_tasks(task: Any, calls: Iterable[tuple]) -> list:
 
 def shuffle_together(ctx: RunContext, parts: dict[str, Dataset], keys: list[str],
                      tag: Callable[[pa.Table, str], pa.Table], fn: Block,
-                     *fn_args: object) -> Dataset:
-    """The rows of several datasets in one `shuffle` by `keys`: `tag(block, name)` puts
-    each part's blocks in one schema, marked with the part's name, and `fn` sees every
-    part's rows of a key in one block (a join of many sides, bounded by the largest key's
-    block). In the driver, in one step, when the policy places every part there; a part
-    without rows is left out, so `fn` finds none of its name."""
+                     *fn_args: object, partitions: int | None = None) -> Dataset:
+    """The rows of several datasets in one `shuffle` by `keys` (into `partitions`):
+    `tag(block, name)` puts each part's blocks in one schema, marked with the part's name,
+    and `fn` sees every part's rows of a key in one block (a join of many sides, bounded by
+    the largest key's block). In the driver, in one step, when the policy places every part
+    there; a part without rows is left out, so `fn` finds none of its name."""
     present = {name: rows for name, ds in parts.items() if (rows := nonempty(ds)) is not None}
     local = {name: _small(rows, ctx) for name, rows in present.items()}
     if not present:
@@ -357,4 +357,4 @@ def shuffle_together(ctx: RunContext, parts: dict[str, Dataset], keys: list[str]
         return as_dataset(fn(pa.concat_tables([tag(table, name) for name, table in local.items()]),
                              *fn_args))
     marked = [map(ctx, rows, tag, name) for name, rows in present.items()]
-    return shuffle(ctx, union(ctx, *marked), keys, fn, *fn_args)
+    return shuffle(ctx, union(ctx, *marked), keys, fn, *fn_args, partitions=partitions)

@@ -164,13 +164,15 @@ def test_embedding_neighbours_decided_after_the_blocks_are_those_of_one_table():
             } == {("globex", False), ("new york city", True), ("biggest account", False)}
 
 
+@pytest.mark.parametrize("bands_by_block", [True, False])
 @pytest.mark.parametrize("max_block", [200, 2])
-def test_the_stage_decides_in_two_shuffles_as_one_table(max_block):
+def test_the_stage_decides_in_two_shuffles_as_one_table(max_block, bands_by_block):
     """The stage's shuffle by block carries only (group, key, name, mentions)
     (`name_keys`) and finds pairs of names (`pair_ids`, in blocks spread over partitions);
     a shuffle by group decides them with each name's features, vector and short-name rows
     (`name_rows`, `decide_in_groups`): the pairs of `candidate_pairs` over one table,
-    blocks cut at `max_block` included."""
+    blocks cut at `max_block` included, whether the SimHash bands are keys of the shuffle
+    by block (a later run) or codes matched in the shuffle by group (a full run)."""
     config = ResolveConfig(max_block=max_block)
     table = _nodes_table([
         node("Globex", ("Organization",), 2, vector=_unit(1, 0, 0, 0)),
@@ -182,14 +184,16 @@ def test_the_stage_decides_in_two_shuffles_as_one_table(max_block):
         node("Okafor, Daniel", mentions=2), node("Okafor"), node("Dr. Daniel Okafor"),
         node("Melanie Ruiz", mentions=2), node("Mel"), node("Ticket T-17", ("Ticket",)),
         node("T-17", ("Ticket",))])
-    keyed = name_keys(table, config)
+    keyed = name_keys(table, config, bands_by_block)
     assert set(keyed.column_names) == {"group_id", "key", "normalized", "mentions"}
+    assert pc.any(pc.starts_with(keyed["key"], "e")).as_py() == bands_by_block
     spelling = pc.starts_with(keyed["key"], "d:")  # whole blocks in two partitions, and
     parts = [keyed.filter(spelling), keyed.filter(pc.invert(spelling)), keyed]  # all again
     found = pa.concat_tables([pair_ids(part, config) for part in parts])
-    rows = pa.concat_tables([deciding(found, "pair"), name_rows(table, config)])
+    rows = pa.concat_tables([deciding(found, "pair"),
+                             name_rows(table, config, not bands_by_block)])
     whole = candidate_pairs(blocking_keys(table, config), config)
-    assert whole.num_rows > 5
+    assert whole.num_rows > 5 and "embedding" in whole["evidence"].to_pylist()
     assert _sorted(decide_in_groups(rows, config)) == _sorted(distinct_pairs(whole))
 
 

@@ -46,9 +46,13 @@ def _candidates(ctx: RunContext, keyed: Dataset, names: dict[str, Dataset]) -> D
     found = engine.shuffle(ctx, keyed, ["group_id", "key"], resolve.pair_ids,
                            ctx.config.resolve, partitions=ctx.partitions_for(keyed.count())
                            ).materialize()
-    return engine.shuffle_together(ctx, {"pair": found, **names}, ["group_id"],
-                                   resolve.deciding, resolve.decide_in_groups,
-                                   ctx.config.resolve).materialize()
+    parts = {"pair": found, **names}
+    # a few big groups in the default 2 x CPUs partitions share some (the 1,000,000-mention
+    # bench's 4 groups fell in 3 of 4: one task decided two groups, after the others)
+    rows = sum(part.count() for part in parts.values())
+    return engine.shuffle_together(ctx, parts, ["group_id"], resolve.deciding,
+                                   resolve.decide_in_groups, ctx.config.resolve,
+                                   partitions=ctx.partitions_for(rows)).materialize()
 
 
 def _adjudicated(ctx: RunContext, pairs: Dataset) -> Dataset:
@@ -117,13 +121,18 @@ def _pairs_against_stored(ctx: RunContext, keyed: Dataset, names: Dataset, store
 
 
 def _resolved(ctx: RunContext, inputs: dict[str, Dataset],
-              decide: Callable[[Dataset, Dataset], Dataset]) -> dict[str, Dataset]:
+              decide: Callable[[Dataset, Dataset], Dataset], bands_by_block: bool
+              ) -> dict[str, Dataset]:
     """Blocking keys and what a pair decision reads of each name (`resolve.name_keys`,
     `resolve.name_rows`), the pairs `decide` makes of them, connected components and
-    entities, each a shuffle keyed by group."""
-    nodes = inputs["name_vectors"]
-    keyed = engine.map(ctx, nodes, resolve.name_keys, ctx.config.resolve).materialize()
-    names = engine.map(ctx, nodes, resolve.name_rows, ctx.config.resolve).materialize()
+    entities, each a shuffle keyed by group. The names' SimHash bands are blocking keys
+    (`bands_by_block`: a later run, which recomputes only the blocks its names fall in) or
+    codes on each name's row, matched in the shuffle by group (a full run: the 1.2 M chance
+    band pairs of a group never leave it)."""
+    nodes, config = inputs["name_vectors"], ctx.config.resolve
+    keyed = engine.map(ctx, nodes, resolve.name_keys, config, bands_by_block).materialize()
+    names = engine.map(ctx, nodes, resolve.name_rows, config, not bands_by_block
+                       ).materialize()
     pairs = decide(keyed, names)
     every_node = engine.map(ctx, nodes, resolve.node_pairs)
     alias_map = engine.shuffle(ctx, engine.union(ctx, pairs, every_node), ["group_id"],
@@ -144,7 +153,7 @@ def _resolved(ctx: RunContext, inputs: dict[str, Dataset],
 def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Every block decided (the adjudicator asked about what the rules leave open)."""
     return _resolved(ctx, inputs, lambda keyed, names: _adjudicated(
-        ctx, _candidates(ctx, keyed, {"name": names})))
+        ctx, _candidates(ctx, keyed, {"name": names})), bands_by_block=False)
 
 
 def resolve_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -155,7 +164,7 @@ def resolve_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dat
     if stored is None:
         return resolve_stage(ctx, inputs)
     return _resolved(ctx, inputs, lambda keyed, names: _pairs_against_stored(
-        ctx, keyed, names, stored, inputs["extractions"]))
+        ctx, keyed, names, stored, inputs["extractions"]), bands_by_block=True)
 
 
 STAGE = Stage("resolve", ("name_vectors", "extractions", "entity_mentions"),
