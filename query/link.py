@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -126,7 +127,11 @@ def build_index(entity_names: list[str | None], entity_labels: list[list[str] | 
     return index
 
 
-_INDEXES: dict[int, NameIndex] = {}
+# id(snapshot) -> (a weak reference to it, its index). The reference tells a later snapshot
+# that got a freed one's id (CPython reuses addresses) from the one the index was built for:
+# by id alone, a server's third snapshot could be given its first one's names, rows and
+# group codes.
+_INDEXES: dict[int, tuple[weakref.ref, NameIndex]] = {}
 _LOCK = threading.Lock()
 
 
@@ -135,8 +140,8 @@ def name_index(snap: object) -> NameIndex:
     key = id(snap)
     with _LOCK:
         found = _INDEXES.get(key)
-    if found is not None:
-        return found
+    if found is not None and found[0]() is snap:
+        return found[1]
     entities = snap.kinds["entities"].meta  # type: ignore[attr-defined]
     episodes = snap.kinds["episodes"].meta  # type: ignore[attr-defined]
     aliases = snapshot_aliases(snap)
@@ -147,7 +152,7 @@ def name_index(snap: object) -> NameIndex:
     with _LOCK:
         if len(_INDEXES) > 8:  # snapshots replaced by newer ones
             _INDEXES.clear()
-        _INDEXES[key] = index
+        _INDEXES[key] = (weakref.ref(snap), index)
     return index
 
 

@@ -58,6 +58,16 @@ def test_linked_episodes_in_a_search(tmp_path):
     assert {e.source_id for e in spoken.episodes} == {"m1", "m2", "m3", "m4"}  # her turns
     assert retriever.search("Where does Zed work?", "g1", recipe=only_linked).episodes == []
 
+    # A snapshot given the id of a freed one (CPython reuses addresses) gets its own index,
+    # not the one built for the snapshot that had that id.
+    from tkg.query import link
+
+    snap = retriever.snapshot()
+    stale = index()
+    link._INDEXES[id(snap)] = (lambda: object(), stale)  # what a freed snapshot left
+    assert link.name_index(snap) is not stale
+    assert link.name_index(snap) is link.name_index(snap)  # and built once
+
 
 @pytest.mark.parametrize("question, left", [
     ("What are Daniel Okafor's hobbies?", "What are hobbies?"),
