@@ -237,7 +237,8 @@ def start(searches: list[Coroutine[Any, Any, Hits]]) -> Future[list[Hits]]:
 
 
 # One helper thread per core beside the caller's, shared by the process's searches.
-HELPERS = max(len(os.sched_getaffinity(0)) - 1, 1)
+HELPERS = max(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")  # (not on macOS)
+              else os.cpu_count() or 1, 2) - 1
 _HELPERS = ThreadPoolExecutor(HELPERS, "tkg-query")
 
 
