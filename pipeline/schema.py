@@ -6,6 +6,7 @@ tables that carry one are built by a function of `dim`, never with a hard-coded 
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable, Iterable
 
@@ -15,9 +16,21 @@ TS = pa.timestamp("us", tz="UTC")
 NAMESPACE = uuid.UUID("6f1c6a2e-3d1b-5b0a-9d36-7a4b0c2e8f10")
 
 
+_SEEDED = hashlib.sha1(NAMESPACE.bytes)  # uuid5's hash with the namespace already in it
+
+
 def stable_id(*parts: str) -> str:
-    """Deterministic id from its parts: re-ingesting the same thing gives the same id."""
-    return str(uuid.uuid5(NAMESPACE, "\x1f".join(parts)))
+    """Deterministic id from its parts: re-ingesting the same thing gives the same id.
+    The string of `uuid.uuid5(NAMESPACE, "\x1f".join(parts))`, computed without its UUID
+    object: 1.2 against 3.9 us a call, and a 1,000,000-mention resolution makes 723,000
+    of them in `alias_rows` alone (`tests/test_schema.py` holds the two equal)."""
+    digest = _SEEDED.copy()
+    digest.update("\x1f".join(parts).encode())
+    head = bytearray(digest.digest()[:16])
+    head[6] = (head[6] & 0x0F) | 0x50  # version 5
+    head[8] = (head[8] & 0x3F) | 0x80  # RFC 4122 variant
+    x = head.hex()
+    return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
 
 def vector(dim: int) -> pa.DataType:

@@ -67,6 +67,19 @@ def test_stable_id_is_deterministic_and_separated():
     assert schema.stable_id("a", "b") != schema.stable_id("a b")
 
 
+def test_stable_id_is_uuid5_of_its_joined_parts():
+    """Ids stored by earlier runs stay valid: the same strings as uuid.uuid5."""
+    import random
+    import uuid
+
+    rng = random.Random(7)
+    letters = "abcXYZ 019\x1fé中😀-"
+    for _ in range(2_000):
+        parts = ["".join(rng.choice(letters) for _ in range(rng.randint(0, 24)))
+                 for _ in range(rng.randint(1, 5))]
+        assert schema.stable_id(*parts) == str(uuid.uuid5(schema.NAMESPACE, "\x1f".join(parts)))
+
+
 def test_work_tables_cover_every_stage_output():
     from tkg.pipeline.stages import STAGES
 
