@@ -702,6 +702,12 @@ def _band_neighbours(names: pa.Table, config: ResolveConfig, chunk: int = 65_536
     width = config.simhash_bands
     if carried.num_rows == 0 or width <= 0:
         return pl.DataFrame(schema=NEAR)
+    # each name once: a group's names can arrive twice (the sample corpus after a forget:
+    # by row number "hooli" then paired with itself at 1.0093, a pair the `e` keys never gave)
+    first = pl.from_arrow(carried.select(["group_id", "normalized"])).with_row_index(
+        "row").unique(["group_id", "normalized"], keep="first", maintain_order=True)["row"]
+    if len(first) < carried.num_rows:
+        carried = carried.take(first.to_arrow())
     count = carried.num_rows
     # `rank`: a name's place in (group, name) order, so that rank < rank_b is
     # normalized < normalized_b, and names of one group share `group`
