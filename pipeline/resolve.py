@@ -702,28 +702,24 @@ def _band_neighbours(names: pa.Table, config: ResolveConfig, chunk: int = 65_536
     width = config.simhash_bands
     if carried.num_rows == 0 or width <= 0:
         return pl.DataFrame(schema=NEAR)
-    # each name once: a group's names can arrive twice (the sample corpus after a forget:
-    # by row number "hooli" then paired with itself at 1.0093, a pair the `e` keys never gave)
-    first = pl.from_arrow(carried.select(["group_id", "normalized"])).with_row_index(
-        "row").unique(["group_id", "normalized"], keep="first", maintain_order=True)["row"]
-    if len(first) < carried.num_rows:
-        carried = carried.take(first.to_arrow())
-    count = carried.num_rows
-    # `rank`: a name's place in (group, name) order, so that rank < rank_b is
-    # normalized < normalized_b, and names of one group share `group`
-    ordered = pl.from_arrow(carried.select(["group_id", "normalized"])).with_row_index(
-        "row").sort(["group_id", "normalized"])
-    order = ordered["row"].to_numpy()
-    rank, group = np.empty(count, np.int64), np.empty(count, np.int64)
-    rank[order] = np.arange(count)
-    group[order] = ordered["group_id"].rle_id().to_numpy()
+    # each name once, in (group, name) order, so that rank < rank_b is normalized <
+    # normalized_b and names of one group share `group`: a group's names can arrive twice
+    # (the sample corpus after a forget: by row number "hooli" then paired with itself at
+    # 1.0093, a pair the `e` keys never gave)
+    ordered = (pl.from_arrow(carried.select(["group_id", "normalized"])).with_row_index("row")
+               .unique(["group_id", "normalized"], keep="first")
+               .sort(["group_id", "normalized"]))
+    order = ordered["row"].to_numpy()  # rank -> row of `carried`
+    count = len(order)
+    group = ordered["group_id"].rle_id().to_numpy()
+    picked = pa.array(order)
     block = ["group", "band", "code"]
     keys = pl.DataFrame({
         "group": np.repeat(group, width),
         "band": np.tile(np.arange(width), count),
-        "code": pc.list_flatten(carried["bands"]).to_numpy(),
-        "row": np.repeat(rank, width),
-        "mentions": np.repeat(carried["mentions"].to_numpy(), width),
+        "code": pc.list_flatten(carried["bands"].take(picked)).to_numpy(),
+        "row": np.repeat(np.arange(count), width),
+        "mentions": np.repeat(carried["mentions"].take(picked).to_numpy(), width),
     }).with_columns(size=pl.len().over(block)).filter(pl.col("size") > 1)
     cut = pl.col("size") > config.max_block
     keys = pl.concat([keys.filter(~cut), keys.filter(cut).sort(
@@ -732,7 +728,7 @@ def _band_neighbours(names: pa.Table, config: ResolveConfig, chunk: int = 65_536
     pairs = keys.join(keys.rename({"row": "row_b"}), on=block).filter(
         pl.col("row") < pl.col("row_b")).select("row", "row_b").unique()
     matrix = np.asarray(pc.list_flatten(carried["vector"]).to_numpy(zero_copy_only=False),
-                        dtype=np.int8).reshape(count, -1)
+                        dtype=np.int8).reshape(carried.num_rows, -1)
     a, b = order[pairs["row"].to_numpy()], order[pairs["row_b"].to_numpy()]
     cosine = _cosines(matrix, a, b, chunk)
     near = cosine >= config.embedding_ambiguous
