@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from tkg.jobs.bench import BENCHES
 
 
 def test_lazy_table_names_what_each_module_registers():
@@ -71,3 +72,23 @@ def test_no_command_module_imports_a_benchmark():
             offenders += [f"{path.name} imports {name}" for name in names
                           if name.startswith("tkg.jobs.bench.")]
     assert offenders == []
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found.extend(_subparsers(sub))
+    return found
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["bench", "--help"]]
+                         + [["bench", name, "--help"] for name in sorted(BENCHES)])
+def test_every_help_text_formats(argv: list[str]):
+    """argparse formats help with %: one bare percent sign made `tkg bench --help` raise
+    TypeError (the forget bench's "0.5 %")."""
+    from tkg.jobs import cli
+
+    for parser in _subparsers(cli.parser(argv)):
+        assert parser.format_help()

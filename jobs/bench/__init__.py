@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 # name -> (module of this package, one-line help for `tkg bench --help`); in this order there.
+# argparse formats help text with %: a literal percent sign is written %%.
 BENCHES = {
     "build": ("build", "synthetic episodes, embedded default"),
     "resolution": ("resolution", "synthetic mentions with known duplicates"),
@@ -20,7 +21,7 @@ BENCHES = {
     "serve": ("serve", "HTTP load on a synthetic store, publish mid-run"),
     "incremental": ("incremental", "a full build, then a small newer run into it"),
     "scale": ("scale", "synthetic episodes on both paths: stages, rows, memory, spill"),
-    "forget": ("forget", "a full build, then erasing 0.5 % of it: seconds, rows, files"),
+    "forget": ("forget", "a full build, then erasing 0.5 %% of it: seconds, rows, files"),
     "graph": ("graph", "graph quality (../shared/data): LoCoMo observations, chinook "
               "records, generic nouns, person duplicates"),
 }
