@@ -773,18 +773,34 @@ def pair_ids(keyed: pa.Table, config: ResolveConfig) -> pa.Table:
                        ).to_arrow().cast(NAME_PAIRS)
 
 
-def decide_in_groups(rows: pa.Table, config: ResolveConfig) -> pa.Table:
+def spelled_pairs(names: pa.Table, config: ResolveConfig) -> pl.DataFrame:
+    """`NAME_PAIRS` of the `c:` and `d:` blocks of `names` (`NAME_ROWS` of whole groups):
+    what `pair_ids` finds of their `name_keys` without bands, each name under its
+    order-free core (`core`) and its deletions, as often as it arrives."""
+    table = names.select(["group_id", "normalized", "mentions"])
+    keyed = [schema.conform(part, KEY_ROWS)
+             for part in _spelled(table, names["core"].to_pylist(), config)]
+    return pl.from_arrow(pair_ids(pa.concat_tables(keyed), config))
+
+
+def decide_in_groups(rows: pa.Table, config: ResolveConfig, blocks: bool = False
+                     ) -> pa.Table:
     """The `DECIDING` rows of whole groups decided as `candidate_pairs` decides one table:
     the pairs by their names' features, embedding neighbours by their vectors
     (`near_decisions`), short names in their `s:` and `n:` blocks; each pair once (blocks of
     one group meet in different partitions, and a pair two keys found would be published
-    twice: the forget test's rebuilt store had 2 more rows)."""
+    twice: the forget test's rebuilt store had 2 more rows). The `c:` and `d:` pairs come
+    from "pair" rows (a later run's shuffle by block) or, with `blocks`, from the names'
+    own keys here (`spelled_pairs`, a full run: every block of a group is in its rows)."""
     def part(tag: str, table_schema: pa.Schema) -> pa.Table:
         return schema.conform(rows.filter(pc.equal(rows["tag"], tag)), table_schema)
 
     names = part("name", NAME_ROWS)
     vectors = names.filter(pc.is_valid(names["vector"])).select(list(NAME_VECTORS.names))
-    found = pl.from_arrow(part("pair", NAME_PAIRS)).unique()
+    found = pl.from_arrow(part("pair", NAME_PAIRS))
+    if blocks:
+        found = pl.concat([found, spelled_pairs(names, config)])
+    found = found.unique()
     # an embedding neighbour is decided only from `embedding_ambiguous` on: at 1,000,000
     # mentions 1,235,095 band pairs of a group of 152,472 names, 66 of them; the others
     # dropped first, before their features (the same pairs: `near_decisions` keeps them).

@@ -172,7 +172,9 @@ def test_the_stage_decides_in_two_shuffles_as_one_table(max_block, bands_by_bloc
     a shuffle by group decides them with each name's features, vector and short-name rows
     (`name_rows`, `decide_in_groups`): the pairs of `candidate_pairs` over one table,
     blocks cut at `max_block` included, whether the SimHash bands are keys of the shuffle
-    by block (a later run) or codes matched in the shuffle by group (a full run)."""
+    by block (a later run) or codes matched in the shuffle by group (a full run). A full
+    run finds its `c:` and `d:` blocks in the shuffle by group too, with no shuffle by
+    block (`decide_in_groups` with `blocks`)."""
     config = ResolveConfig(max_block=max_block)
     table = _nodes_table([
         node("Globex", ("Organization",), 2, vector=_unit(1, 0, 0, 0)),
@@ -195,6 +197,9 @@ def test_the_stage_decides_in_two_shuffles_as_one_table(max_block, bands_by_bloc
     whole = candidate_pairs(blocking_keys(table, config), config)
     assert whole.num_rows > 5 and "embedding" in whole["evidence"].to_pylist()
     assert _sorted(decide_in_groups(rows, config)) == _sorted(distinct_pairs(whole))
+    if not bands_by_block:  # a full run: the blocks found in the shuffle by group alone
+        alone = decide_in_groups(name_rows(table, config, True), config, True)
+        assert _sorted(alone) == _sorted(distinct_pairs(whole))
 
 
 def test_cluster_ids_are_deterministic():
