@@ -13,6 +13,7 @@ Adding a method is a class here, one `register` line, and its use in a recipe.
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar, Protocol
 
@@ -71,14 +72,27 @@ class Method:
     zero_based: ClassVar[bool] = False  # a score of 0 means no match (`rerank.normalise`)
 
 
+@dataclass(frozen=True)
+class InMemory:
+    """A text search that runs in this process: the search as a function of nothing, and
+    the rows it ranks (how `candidates.OneSearch` orders and shares out such searches)."""
+
+    run: Callable[[], Hits]
+    rows: int
+
+
+def _rows(spans: list[tuple[int, int]]) -> int:
+    return sum(end - start for start, end in spans)
+
+
 class TextSearch(Method):
     """Ranks a kind's rows against a text: in memory where the snapshot keeps what that
     needs, else on LanceDB."""
 
     phase = TEXT
 
-    def in_memory(self, search: Searcher, kind: str, text: str) -> Callable[[], Hits] | None:
-        """The search as a function of nothing, or None where it must ask LanceDB."""
+    def in_memory(self, search: Searcher, kind: str, text: str) -> InMemory | None:
+        """The search in this process, or None where it must ask LanceDB."""
         raise NotImplementedError
 
     def on_lance(self, search: Searcher, kind: str, text: str
@@ -100,11 +114,11 @@ METHODS: Registry[Method] = Registry("search method")
 
 @METHODS.register("cosine")
 class Cosine(TextSearch):
-    def in_memory(self, search: Searcher, kind: str, text: str) -> Callable[[], Hits] | None:
+    def in_memory(self, search: Searcher, kind: str, text: str) -> InMemory | None:
         spans = exact_spans(search.snap, kind, search.scope, search.config)
-        return None if spans is None else partial(
+        return None if spans is None else InMemory(partial(
             exact_cosine, search.snap, kind, search.vector_of(text), search.scope,
-            search.pool_of(kind), search.config, spans)
+            search.pool_of(kind), search.config, spans), _rows(spans))
 
     def on_lance(self, search: Searcher, kind: str, text: str
                  ) -> Coroutine[Any, Any, Hits]:
@@ -116,10 +130,11 @@ class Cosine(TextSearch):
 class BM25(TextSearch):
     zero_based = True  # (no shared term scores 0; a cosine has no natural zero)
 
-    def in_memory(self, search: Searcher, kind: str, text: str) -> Callable[[], Hits] | None:
+    def in_memory(self, search: Searcher, kind: str, text: str) -> InMemory | None:
         spans = text_spans(search.snap, kind, search.scope)
-        return None if spans is None else partial(
-            memory_bm25, search.snap, kind, text, search.scope, search.pool_of(kind), spans)
+        return None if spans is None else InMemory(partial(
+            memory_bm25, search.snap, kind, text, search.scope, search.pool_of(kind), spans),
+            _rows(spans))
 
     def on_lance(self, search: Searcher, kind: str, text: str
                  ) -> Coroutine[Any, Any, Hits]:
