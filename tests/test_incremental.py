@@ -252,3 +252,55 @@ def test_stored_pairs_serve_only_the_same_resolve_settings(ray_session, config, 
     assert morenos(b) == morenos(c) == morenos(at_once)
     assert recomputed_blocks("b") is None
     assert recomputed_blocks("c") is not None
+
+
+def test_the_nights_reads_of_stored_extractions_keep_every_fact_and_record():
+    """What a night maps over every stored extraction, column by column: `fact_mentions`
+    (an episode's time where a fact has none, unless it ended or is undated; a key name
+    where the text calls the target by one; no row without both names; an older
+    extraction without the newer fields) and the pass before `record_statements`, which
+    keeps every extraction whose statements it would give."""
+    from tkg.pipeline.extract import records
+    from tkg.pipeline.facts import fact_mentions
+    from tkg.pipeline.stages.facts import _maybe_records
+
+    day, end = datetime.fromisoformat("2024-01-01T00:00:00+00:00"), datetime.fromisoformat(
+        "2024-05-01T00:00:00+00:00")
+
+    def fact(**given: object) -> dict:
+        return {"source": "The Acme", "target": "Berlin", "relation": "based_in",
+                "fact": "x", "valid_at": None, "invalid_at": None, "date_text": None,
+                "undated": None, "target_by_key": None, **given}
+
+    rows = [{"episode_id": "e1", "group_id": GROUP, "valid_at": day, "facts": [
+        fact(), fact(undated=True), fact(invalid_at=end), fact(valid_at=end),
+        fact(target="Employee 2", target_by_key=True), fact(source=None), fact(target="!")]},
+        {"episode_id": "e2", "group_id": GROUP, "valid_at": day, "facts": None}]
+    mentions = fact_mentions(pa.Table.from_pylist(rows, schema=schema.EXTRACTIONS))
+    assert mentions.schema == schema.FACT_MENTIONS
+    assert [(m["source_normalized"], m["target_normalized"], m["valid_at"], m["invalid_at"],
+             m["target_key"]) for m in mentions.to_pylist()] == [
+        ("acme", "berlin", day, None, None), ("acme", "berlin", None, None, None),
+        ("acme", "berlin", None, end, None), ("acme", "berlin", end, None, None),
+        ("acme", "employee 2", day, None, "Employee 2")]
+    older = pa.table({"group_id": [GROUP], "episode_id": ["e3"], "valid_at": pa.array(
+        [day], schema.TS), "facts": pa.array([[{"source": "A", "target": "B", "relation": "r",
+                                               "fact": "A r B", "valid_at": None,
+                                               "invalid_at": None}]])})
+    assert fact_mentions(older)["valid_at"].to_pylist() == [day]
+
+    def entity(attributes: str | None) -> dict:
+        return {"name": "n", "label": "l", "attributes": attributes}
+
+    keyed = json.dumps({schema.RECORD_ATTRIBUTE: "Employee 2"})
+    extractions = pa.Table.from_pylist([
+        {"episode_id": f"e{n}", "group_id": GROUP, "valid_at": day, "entities": entities,
+         "facts": [fact(source="Employee 2", target="Sales", relation="department")]}
+        for n, entities in enumerate([
+            [entity(keyed)], [entity(None)], [], None, [entity(None), entity(keyed)],
+            [entity(json.dumps({schema.RECORD_ATTRIBUTE: ""}))]])], schema=schema.EXTRACTIONS)
+    kept = _maybe_records(extractions)
+    assert kept["episode_id"].to_pylist() == ["e0", "e5"]
+    assert records.record_statements(kept, False).equals(
+        records.record_statements(extractions, False))
+    assert records.record_statements(kept, False).num_rows == 2
