@@ -132,9 +132,17 @@ class SpacyExtractor:
     def extract(self, episodes: list[EpisodeInput]) -> list[Extraction]:
         results, model = mapped_extractions(episodes, self.config.extract.record_fact_depth,
                                             self.config.records)
-        texts = [(episodes[index].content, index) for index in model]
-        for doc, index in self.nlp.pipe(texts, as_tuples=True, batch_size=64):
+        # Each distinct text is parsed once (a parse is a function of its text; the rules
+        # read a doc and its per-episode user_data, never change it): the episodes are
+        # still read in their order, a repeat taking the doc its first reading parsed.
+        docs = self.nlp.pipe(list(dict.fromkeys(episodes[i].content for i in model)),
+                             batch_size=64)
+        parsed: dict[str, Doc] = {}
+        for index in model:
             episode = episodes[index]
+            doc = parsed.get(episode.content)
+            if doc is None:
+                doc = parsed[episode.content] = next(docs)
             doc.user_data[WRITTEN_NAMES] = written_names((episode.content, *episode.context))
             results[index] = guarded(self._from_doc, doc, episode)
         return [r if r is not None else Extraction() for r in results]
