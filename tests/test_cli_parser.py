@@ -92,3 +92,16 @@ def test_every_help_text_formats(argv: list[str]):
 
     for parser in _subparsers(cli.parser(argv)):
         assert parser.format_help()
+
+
+def test_benches_read_shared_data_beside_the_checkout():
+    """`tkg bench locomo` looked in the checkout's own shared/data (not ../shared/data, as
+    the README says), so its default --data was never found."""
+    from pathlib import Path
+
+    from tkg.jobs.bench import figures, graph, locomo
+
+    checkout = Path(__file__).resolve().parents[1]
+    assert checkout.parent / "shared" / "data" == figures.SHARED_DATA
+    assert locomo.DEFAULT_DATA.parent == figures.SHARED_DATA
+    assert graph.bench_graph.__defaults__[1] == figures.SHARED_DATA

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
+
+# Public data written by others, beside the checkout (../shared/data: see its README).
+SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def report(figures: dict[str, Any], as_json: bool,

@@ -45,10 +45,9 @@ from pathlib import Path
 from typing import Any
 
 from tkg.jobs.bench import chinook, locomo
-from tkg.jobs.bench.figures import report
+from tkg.jobs.bench.figures import SHARED_DATA, report
 
 ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DATA = ROOT.parent / "shared" / "data"
 CORPUS = ROOT / "tests" / "corpus"
 PARTS = ("locomo", "chinook", "corpus", "podcast")
 THRESHOLDS = (0.7, 0.6)
@@ -226,7 +225,7 @@ def _scores(gold: list[dict[str, Any]], turn_facts: dict[tuple[str, str], list[s
 
 # --- the bench --------------------------------------------------------------------------
 
-def bench_graph(parts: Iterable[str] = PARTS, data_dir: Path = DEFAULT_DATA,
+def bench_graph(parts: Iterable[str] = PARTS, data_dir: Path = SHARED_DATA,
                 config: Any = None, config_path: str | None = None,
                 workdir: str | None = None, conversations: int | None = None,
                 sessions: int | None = None, store: str | None = None) -> dict[str, Any]:
@@ -327,7 +326,7 @@ def add_command(benches: argparse._SubParsersAction) -> None:
     bench = benches.add_parser("graph", help="graph quality on real data (../shared/data): "
                                "LoCoMo observation recall, chinook records, generic-noun "
                                "entities, person-name duplicates")
-    bench.add_argument("--data", default=str(DEFAULT_DATA), help="the shared data folder")
+    bench.add_argument("--data", default=str(SHARED_DATA), help="the shared data folder")
     bench.add_argument("--only", default=",".join(PARTS),
                        help=f"comma-separated parts of {', '.join(PARTS)}")
     bench.add_argument("--conversations", type=int, default=None,

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tkg.jobs.bench.figures import report
+from tkg.jobs.bench.figures import SHARED_DATA, report
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo10.json"
+DEFAULT_DATA = SHARED_DATA / "locomo10.json"
 TURN_SECONDS = 5
 KS = (1, 5, 10)
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
