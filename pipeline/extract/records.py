@@ -335,15 +335,19 @@ RECORD_NAMES = pa.schema([("group_id", pa.string()), ("entity_id", pa.string()),
                           ("name", pa.string())])
 
 
-def record_names(entities: pa.Table) -> pa.Table:
-    """Entities -> RECORD_NAMES of those that stand for a record (carry RECORD_ATTRIBUTE)."""
+def may_name_a_record(attributes: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Whether each attributes JSON mentions RECORD_ATTRIBUTE: a cheap pass before parsing
+    (most entities are no record); `_key_of` decides among those it keeps."""
     import pyarrow.compute as pc
 
+    return pc.fill_null(pc.match_substring(attributes, f'"{RECORD_ATTRIBUTE}"'), False)
+
+
+def record_names(entities: pa.Table) -> pa.Table:
+    """Entities -> RECORD_NAMES of those that stand for a record (carry RECORD_ATTRIBUTE)."""
     if "attributes" not in entities.column_names:  # a block without rows or columns
         return RECORD_NAMES.empty_table()
-    quoted = pc.fill_null(pc.match_substring(entities["attributes"], f'"{RECORD_ATTRIBUTE}"'),
-                          False)  # (a cheap pass before parsing: most entities are no record)
-    candidates = entities.filter(quoted)
+    candidates = entities.filter(may_name_a_record(entities["attributes"]))
     keyed = [_key_of(a) is not None for a in candidates["attributes"].to_pylist()]
     return candidates.filter(pa.array(keyed, pa.bool_())).select(RECORD_NAMES.names).cast(
         RECORD_NAMES)

@@ -115,8 +115,7 @@ def _maybe_records(extractions: pa.Table) -> pa.Table:
         return extractions
     entities = extractions["entities"].combine_chunks()
     attributes = pc.struct_field(pc.list_flatten(entities), "attributes")
-    mentioned = pc.fill_null(pc.match_substring(attributes, f'"{schema.RECORD_ATTRIBUTE}"'),
-                             False).to_numpy(zero_copy_only=False)
+    mentioned = records.may_name_a_record(attributes).to_numpy(zero_copy_only=False)
     # each extraction's first entity: the first flattened row of each non-empty list
     parents = pc.list_parent_indices(entities).to_numpy()
     firsts = np.flatnonzero(np.r_[True, parents[1:] != parents[:-1]]) if len(parents) else (
