@@ -28,6 +28,7 @@ from tkg.query.search import (
     exact_cosine,
     exact_spans,
     memory_bm25,
+    span_rows,
     text_spans,
     visible_mask,
 )
@@ -81,10 +82,6 @@ class InMemory:
     rows: int
 
 
-def _rows(spans: list[tuple[int, int]]) -> int:
-    return sum(end - start for start, end in spans)
-
-
 class TextSearch(Method):
     """Ranks a kind's rows against a text: in memory where the snapshot keeps what that
     needs, else on LanceDB."""
@@ -118,7 +115,7 @@ class Cosine(TextSearch):
         spans = exact_spans(search.snap, kind, search.scope, search.config)
         return None if spans is None else InMemory(partial(
             exact_cosine, search.snap, kind, search.vector_of(text), search.scope,
-            search.pool_of(kind), search.config, spans), _rows(spans))
+            search.pool_of(kind), search.config, spans), span_rows(spans))
 
     def on_lance(self, search: Searcher, kind: str, text: str
                  ) -> Coroutine[Any, Any, Hits]:
@@ -134,7 +131,7 @@ class BM25(TextSearch):
         spans = text_spans(search.snap, kind, search.scope)
         return None if spans is None else InMemory(partial(
             memory_bm25, search.snap, kind, text, search.scope, search.pool_of(kind), spans),
-            _rows(spans))
+            span_rows(spans))
 
     def on_lance(self, search: Searcher, kind: str, text: str
                  ) -> Coroutine[Any, Any, Hits]:

@@ -155,7 +155,12 @@ def exact_spans(snapshot: Snapshot, kind: str, scope: Scope, config: QueryConfig
     spans = group_spans(snapshot, kind, scope)
     if snapshot.kinds[kind].vectors is None or spans is None:
         return None
-    return spans if sum(end - start for start, end in spans) <= config.exact_scan_rows else None
+    return spans if span_rows(spans) <= config.exact_scan_rows else None
+
+
+def span_rows(spans: Spans) -> int:
+    """How many rows the row ranges `spans` cover."""
+    return sum(end - start for start, end in spans)
 
 
 def exact_cosine(snapshot: Snapshot, kind: str, vector: np.ndarray, scope: Scope, limit: int,
