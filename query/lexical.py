@@ -1,14 +1,18 @@
 """BM25 in memory: the twin of LanceDB's native full-text index, for tables small enough to
-hold their postings (`query.memory_vector_rows`).
+hold their postings (`query.memory_text_rows`), with statistics per group.
 
 A LanceDB full-text search costs 5-20 ms of CPU however few rows the caller's groups hold
 (planning, the group prefilter, posting decompression); the same ranking from numpy
 postings costs well under a millisecond. The tokenizer is LanceDB's default one (simple
 split on non-alphanumerics, tokens of 40+ bytes dropped, lower case, English Snowball
 stemming, stop words, ASCII folding), and publish passes `STOP_WORDS` to the index, so both
-paths see the same terms. Scores are BM25 with k1 = 1.2, b = 0.75 and the table-wide
-document count and average length, as LanceDB computes them; a test asserts the two agree
-(`tests/test_lexical.py`).
+paths see the same terms. Scores are BM25 with k1 = 1.2, b = 0.75, as LanceDB computes them,
+but each row is scored with its own group's statistics (document count, the term's document
+frequency, average length) where LanceDB's are table-wide: a tenant's scores, and so its
+rankings, never depend on another tenant's rows. On a table of one group the two agree
+(`tests/test_lexical.py`), and a group's scores are those of LanceDB's index over that group
+alone. Tables above `query.memory_text_rows` rows, and searches with a label or relation
+filter, are ranked by LanceDB itself (`tkg.query.search.bm25`), with table-wide statistics.
 """
 
 from __future__ import annotations
@@ -78,36 +82,34 @@ def tokens(text: str) -> list[str]:
     return [t for w in WORD.findall(text.lower()) if (t := _term(w)) is not None]
 
 
+def _runs(first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(run of each item, length of each run) where `first` marks the items opening a run."""
+    run = np.cumsum(first) - 1
+    return run, np.bincount(run)
+
+
 @dataclass
 class TermIndex:
     """Postings of one table: the rows holding term t are `rows[start[t]:start[t + 1]]`
-    (ascending), with their counts in `counts`; `lengths` are documents' token counts."""
+    (ascending), with their counts in `counts` and their BM25 gains in `gains`; `lengths`
+    are rows' token counts, `documents` and `average_length` the statistics of each group."""
 
     terms: dict[str, int]
     start: np.ndarray  # int64, len(terms) + 1
     rows: np.ndarray  # int32
     counts: np.ndarray  # float32 (term frequency in that row)
     lengths: np.ndarray  # float32 per row
-    average_length: float
-    documents: int  # rows with at least one term (what LanceDB counts for idf)
-    # per posting, its BM25 gain idf tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen)): every
-    # factor is fixed with the snapshot, so it is computed once, with the arithmetic a query
-    # used to do (scalar idf and all: the scores are identical, bit for bit)
-    gains: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        if self.gains is None:
-            denominators = self.counts + K1 * (
-                1.0 - B + B * self.lengths[self.rows] / self.average_length)
-            # BM25's (LanceDB's) inverse document frequency of each term, all terms at once
-            # (the same bits as term by term, which took 0.2 s of a 1.7 s snapshot open at
-            # 100,000 facts)
-            frequency = np.diff(self.start)
-            idf = np.log(1.0 + (self.documents - frequency + 0.5) / (frequency + 0.5))
-            self.gains = np.repeat(idf, frequency) * self.counts * (K1 + 1.0) / denominators
+    documents: np.ndarray  # int64 per group: rows with a term (what LanceDB counts for idf)
+    average_length: np.ndarray  # float32 per group: tokens of those rows over their count
+    # per posting, its BM25 gain idf tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen)), with
+    # the idf and avglen of the row's group: fixed with the snapshot, so computed once
+    gains: np.ndarray
 
     @classmethod
-    def build(cls, texts: pa.Array | pa.ChunkedArray) -> TermIndex:
+    def build(cls, texts: pa.Array | pa.ChunkedArray, groups: np.ndarray | None = None
+              ) -> TermIndex:
+        """The postings of `texts`; `groups` labels each row's group (integers, ascending
+        where the table sorts by group), None = one group, the table-wide statistics."""
         texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
         size = max(len(texts), 1)
         rows, words = _words(texts)
@@ -122,10 +124,17 @@ class TermIndex:
         lengths = np.bincount(rows, minlength=len(texts)).astype(np.float32)
         unique, counts = np.unique(term_ids * size + rows, return_counts=True)
         start = np.searchsorted(unique // size, np.arange(len(vocabulary) + 1))
-        documents = int(np.count_nonzero(lengths))
-        return cls(vocabulary, start.astype(np.int64), (unique % size).astype(np.int32),
-                   counts.astype(np.float32), lengths, float(lengths.sum() / max(documents, 1)),
-                   documents)
+        group = _group_numbers(groups, len(texts))
+        documents = np.bincount(group, weights=lengths > 0).astype(np.int64)
+        # (1 for a group without terms: it has no postings to score)
+        average = np.where(documents > 0, np.bincount(group, weights=lengths)
+                           / np.maximum(documents, 1), 1.0).astype(np.float32)
+        scaled = B * lengths / average[group]  # (per row, in the float32 steps a posting's
+        # gain took when it was computed posting by posting: the same bits)
+        postings = (unique % size).astype(np.int32)
+        counts = counts.astype(np.float32)
+        return cls(vocabulary, start.astype(np.int64), postings, counts, lengths, documents,
+                   average, _gains(start, postings, counts, scaled, group, documents))
 
     def overlap(self, rows: np.ndarray, text: str) -> np.ndarray:
         """How many of the query's distinct terms each of `rows` contains."""
@@ -183,3 +192,42 @@ class TermIndex:
         recency = newest[unique] if newest is not None else np.zeros(len(unique))
         order = np.lexsort((unique, -recency, -rank))[:limit]
         return list(zip(unique[order].tolist(), scores[order].tolist(), strict=True))
+
+
+def _group_numbers(groups: np.ndarray | None, rows: int) -> np.ndarray:
+    """Each row's group as 0, 1, ... (in order of first sight where `groups` ascend)."""
+    if groups is None or rows == 0:
+        return np.zeros(rows, dtype=np.int64)
+    groups = np.asarray(groups)
+    if np.all(groups[1:] >= groups[:-1]):  # (the snapshot's tables: a pass, not a sort)
+        return _runs(np.concatenate([[True], groups[1:] != groups[:-1]]))[0]
+    return np.unique(groups, return_inverse=True)[1].astype(np.int64)
+
+
+def _gains(start: np.ndarray, rows: np.ndarray, counts: np.ndarray, scaled: np.ndarray,
+           group: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """Every posting's BM25 gain, from its group's statistics: `scaled` is each row's
+    b x length over its group's average, `group` each row's group number, `documents` each
+    group's document count. A term's postings in one group are its document frequency
+    there; postings ascend by row within a term, so where rows sort by group they form
+    runs, counted in one pass (the sort of the general case is only for unsorted groups).
+    At 1M rows of LoCoMo text in 100 groups (7.3M postings) this takes 0.13-0.15 s, where
+    table-wide statistics took 0.06 s, of a 3.1-3.7 s build."""
+    of_posting = group[rows]
+    if np.all(group[1:] >= group[:-1]):
+        first = np.empty(len(rows), dtype=bool)
+        first[:1] = True
+        first[1:] = of_posting[1:] != of_posting[:-1]
+        first[start[:-1][np.diff(start) > 0]] = True  # (a term's first posting opens a run)
+        run, frequency = _runs(first)
+        group_of_run = of_posting[first]
+    else:
+        term = np.repeat(np.arange(len(start) - 1, dtype=np.int64), np.diff(start))
+        keys, run, frequency = np.unique(term * len(documents) + of_posting,
+                                         return_inverse=True, return_counts=True)
+        group_of_run = keys % len(documents)
+    # BM25's (LanceDB's) inverse document frequency of each term in each group, all at once
+    # (float64, as the scalar formula was)
+    idf = np.log(1.0 + (documents[group_of_run] - frequency + 0.5) / (frequency + 0.5))
+    denominators = counts + K1 * (1.0 - B + scaled[rows])
+    return idf[run] * counts * (K1 + 1.0) / denominators

@@ -299,7 +299,7 @@ def open_snapshot(snapshot: Location, config: QueryConfig | None = None) -> Snap
         if kind.rows <= config.memory_vector_rows and smallest <= config.exact_scan_rows:
             kind.vectors = _unit_vectors(kind.table, kind.rows)
         if kind.rows <= config.memory_text_rows:
-            kind.terms = TermIndex.build(kind.meta["text"])
+            kind.terms = TermIndex.build(kind.meta["text"], codes[name])
 
     entities, facts, episodes = kinds["entities"].meta, kinds["facts"].meta, kinds["episodes"].meta
     n_entities = entities.num_rows

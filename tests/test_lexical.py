@@ -1,5 +1,6 @@
 """The in-memory BM25 (query/lexical.py) is a twin of LanceDB's native full-text index: same
-terms, same scores, same rows, on real text and within every scope."""
+terms, same scores, same rows, on real text and within every scope, where each group's rows
+are scored as LanceDB scores a table of that group alone."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from tkg.pipeline.config import QueryConfig
+from tkg.pipeline.index import SPECS
 from tkg.query.lexical import TermIndex, tokens
 
 CORPUS = Path(__file__).parent / "corpus"
@@ -77,26 +79,40 @@ def test_bm25_in_memory_scores_as_lancedb_does_on_real_text(tmp_path):
         assert _agree(lance, ours), (query, lance[:3], ours[:3])
 
 
-def test_bm25_in_memory_ranks_as_lancedb_does_in_every_scope(tmp_path):
-    """Within groups and both timelines, `memory_bm25` returns what the native index does."""
+def test_bm25_in_memory_ranks_as_lancedb_does_over_each_groups_own_rows(tmp_path):
+    """Within groups and both timelines, `memory_bm25` over a table of three groups returns
+    what LanceDB's native index returns over a table of the caller's groups alone: each
+    group's own statistics (scopes of two groups: both groups' answers, merged by score)."""
     from tkg.query import search
 
     from tests.query_store import synthetic_snapshot, twin_scopes
+    from tests.test_tenancy_bm25 import one_group_snapshot
 
-    tables, _, snap, _ = synthetic_snapshot(tmp_path, seed=4)
-    scopes = twin_scopes()
+    tables, _, snap, config = synthetic_snapshot(tmp_path / "all", seed=4)
+    alone = {g: one_group_snapshot(tmp_path / g, tables, g, config)
+             for g in ("g000", "g001", "g002")}
     compared = 0
     for kind in ("facts", "entities", "communities", "episodes"):
         assert snap.kinds[kind].terms is not None
         column = {"facts": "fact", "episodes": "content"}.get(kind, "name")
-        for i, scope in enumerate(scopes * 3):
+        key = SPECS[kind].key
+        for i, scope in enumerate(twin_scopes() * 3):
             text = " ".join(tables[kind][column][i * 7 % tables[kind].num_rows].as_py()
                             .split()[:4])
-            ours = search.memory_bm25(snap, kind, text, scope, 15)
-            lance = search.start([search.bm25(snap.kinds[kind], text, scope, 15)]).result()[0]
-            assert _agree(lance, ours), (kind, i, text)
+            ours = _keyed(snap, kind, search.memory_bm25(snap, kind, text, scope, 15))
+            lance = sorted((hit for g in scope.groups for hit in _keyed(
+                alone[g], kind, search.start([search.bm25(alone[g].kinds[kind], text, scope,
+                                                          15)]).result()[0])),
+                           key=lambda hit: -hit[1])[:15]
+            assert _agree(lance, ours), (kind, key, i, text)
             compared += len(ours)
     assert compared > 250
+
+
+def _keyed(snap, kind: str, hits: list[tuple[int, float]]) -> list[tuple[str, float]]:
+    """Hits by their rows' keys (the same row has other numbers in another table)."""
+    keys = snap.kinds[kind].meta[SPECS[kind].key].to_pylist()
+    return [(keys[row], score) for row, score in hits]
 
 
 @pytest.mark.parametrize("limit", [0, 1])
