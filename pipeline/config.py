@@ -197,13 +197,13 @@ class EmbedConfig(_Section):
     normalize: bool = True
     precision: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="of the vectors that only rank search results (episodes, "
-        "facts); names and relation phrases, compared with thresholds, and queries embed in "
-        "float32. auto = float32 for a plain BERT model such as MiniLM (numpy, no torch: "
-        "pipeline/minilm_numpy.py), else bfloat16 on CPUs with native bf16 (AVX512-BF16, "
-        "AMX; sentence-transformers under torch autocast). bfloat16 on a plain BERT model: "
-        "its matrix products on torch, ~2x faster on such CPUs (tkg bench build, 20,000 "
+        "facts, the question); names and relation phrases, compared with thresholds, embed "
+        "in float32. auto = bfloat16 on CPUs with native bf16 (AVX512-BF16, AMX), else "
+        "float32. bfloat16 on a plain BERT model such as MiniLM: its matrix products on "
+        "torch (pipeline/minilm_numpy.py), ~2x faster on such CPUs (tkg bench build, 20,000 "
         "episodes: 114.8 episodes/s against 76.7), vectors within 2.1e-3 of float32's, "
-        "LoCoMo recall@10 single-hop -.0024, multi-hop -.0025, open-domain +.0055"
+        "LoCoMo recall@10 single-hop -.0024, multi-hop -.0025, open-domain +.0055; other "
+        "models: sentence-transformers under torch autocast"
     )
     actors: int | None = Field(None, description="embedder actors; null = one per CPU")
     threads_per_actor: int = 1

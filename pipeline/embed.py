@@ -217,21 +217,21 @@ RANKED = frozenset({"episodes", "facts"})
 def build_embedder(config: TkgConfig, ranked: bool = False) -> Embedder:
     """The build's embedder, a function of the config alone, so that the driver and the
     actors give the same vectors: where the model's layout allows, the BERT encoder of
-    pipeline/minilm_numpy.py, in float32 on numpy (sentence-transformers' vectors to 3e-7,
-    without torch) or, for `ranked` vectors (`RANKED`) when `embed.precision` is bfloat16,
-    in bfloat16 on torch; else the configured backend.
+    pipeline/minilm_numpy.py, for `ranked` vectors (`RANKED`) in bfloat16 on torch where
+    `embed.precision` means it (`uses_bfloat16`: auto on CPUs with native bf16), else in
+    float32 on numpy (sentence-transformers' vectors to 3e-7, without torch); else the
+    configured backend.
 
     bfloat16 halves the embedding: `tkg bench build --episodes 20000`, each text embedded
     once, 174.2 s (embedding 111.4 s) against 260.9 s (200.5 s) in float32, on the same
-    tree (306.9 s, 233.3 s before each text was embedded once); its 1.18M tokens are ~25
-    TFLOP, over 2 minutes of both cores at float32's 97 GFLOP/s a core. It is not the
-    default (`auto`) for this model because it moves retrieval: LoCoMo recall@10 (`tkg
-    bench locomo`, same tree) single-hop .8593 -> .8569, multi-hop .5174 -> .5149,
-    open-domain .5332 -> .5387, overall .7633 -> .7619; the same with names in float32, so
-    the ranked vectors move it."""
+    tree; its 1.18M tokens are ~25 TFLOP, over 2 minutes of both cores at float32's 97
+    GFLOP/s a core, which is at the core's peak (README, Benchmarks): issue 26's 100
+    episodes/s at 20,000 needs it. What it moves in retrieval is within a build's spread:
+    LoCoMo recall@10 (`tkg bench locomo`, same tree) single-hop .8593 -> .8569, multi-hop
+    .5174 -> .5149, open-domain .5332 -> .5387, overall .7633 -> .7619."""
     embed = config.embed if ranked else config.embed.model_copy(update={"precision": "float32"})
     if embed.backend == "sentence_transformers":
-        encoder = numpy_embedder(embed, bfloat16=embed.precision == "bfloat16")
+        encoder = numpy_embedder(embed, bfloat16=uses_bfloat16(embed))
         if encoder is not None:
             return encoder
     return EMBEDDERS.build(embed.backend, embed)

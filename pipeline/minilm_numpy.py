@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -280,13 +281,17 @@ class Bf16BertEncoder(NumpyBertEncoder):
     kernels; sums in float32), layer norms and the residual stream in float32. On the 2-core
     AMD EPYC (AVX512-BF16), one thread: 400 episode texts 1.44 s against numpy's 2.79 s,
     640 fact texts 1.36 against 3.02 s; vectors within 2.1e-3 of float32's (cosine above
-    0.99997). Importing torch costs a process ~1.2 s, so queries keep the float32 encoder.
+    0.99997).
 
-    Texts are batched only with texts of the same token length, with no padding: a text's
-    vector is then the same bits whatever else is embedded with it (the driver embeds a
-    column at once, an actor 1,024 rows). Padded bfloat16 batches moved a text's vector by
-    up to 1.3e-3 between two batchings, past the 1e-3 at which tests/paths.py holds the
-    execution paths equal, and past forget's 1e-5."""
+    A build's texts are batched only with texts of the same token length, with no padding:
+    a text's vector is then the same bits whatever else is embedded with it (the driver
+    embeds a column at once, an actor 1,024 rows). Padded bfloat16 batches moved a text's
+    vector by up to 1.3e-3 between two batchings, past the 1e-3 at which tests/paths.py
+    holds the execution paths equal, and past forget's 1e-5. A question is embedded with
+    `padded` (`tkg.query.embedding`): its one or two texts in one padded batch, the same
+    bits for the same question every time."""
+
+    padded = False  # all texts of a call in one padded batch (a question's few texts)
 
     def __init__(self, root: Path, max_seq_length: int, pooling: str, normalize: bool,
                  batch_size: int = 128, threads: int = 1) -> None:
@@ -316,9 +321,12 @@ class Bf16BertEncoder(NumpyBertEncoder):
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """(len(texts), dim) float32: the texts of each token length in batches of up to
-        `BF16_BATCH_TOKENS` tokens (and `batch_size` texts)."""
+        `BF16_BATCH_TOKENS` tokens (and `batch_size` texts); with `padded`, all at once."""
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         encodings = self.tokenizer.encode_batch([text.strip() for text in texts])
+        if self.padded and texts:
+            with self._torch.inference_mode():
+                return self._encode_padded([encoding.ids for encoding in encodings])
         by_length: dict[int, list[int]] = {}
         for row, encoding in enumerate(encodings):
             by_length.setdefault(len(encoding.ids), []).append(row)
@@ -332,9 +340,36 @@ class Bf16BertEncoder(NumpyBertEncoder):
 
     def _encode_equal(self, token_ids: list[list[int]]) -> np.ndarray:
         """Pooled vectors of texts of one token length (no padding, no mask)."""
+        ids = self._torch.tensor(token_ids, dtype=self._torch.long)
+        x = self._encode(ids, None)
+        pooled = x[:, 0] if self.pooling == "cls" else x.mean(dim=1)
+        return self._pooled(pooled)
+
+    def _encode_padded(self, token_ids: list[list[int]]) -> np.ndarray:
+        """Pooled vectors of texts of any lengths in one batch, padded, padding masked."""
+        torch = self._torch
+        length = max(max(len(ids) for ids in token_ids), 1)
+        ids = torch.full((len(token_ids), length), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(token_ids), length), dtype=torch.bool)
+        for row, tokens in enumerate(token_ids):
+            ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, :len(tokens)] = True
+        x = self._encode(ids, mask[:, None, None, :])
+        if self.pooling == "cls":
+            return self._pooled(x[:, 0])
+        weights = mask[:, :, None].float()
+        return self._pooled((x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9))
+
+    def _pooled(self, pooled: Any) -> np.ndarray:
+        if self.normalize:
+            pooled = self._torch.nn.functional.normalize(pooled, dim=1, eps=1e-12)
+        return pooled.numpy()
+
+    def _encode(self, ids: Any, mask: Any) -> Any:
+        """The last layer's hidden states (batch, length, hidden), float32; `mask`
+        (batch, 1, 1, length) True where a key is a token, or None for no padding."""
         torch = self._torch
         functional = torch.nn.functional
-        ids = torch.tensor(token_ids, dtype=torch.long)
         batch, length = ids.shape
         word, position, token_type, embed_norm = self._embeddings
         hidden = word.shape[1]
@@ -344,7 +379,8 @@ class Bf16BertEncoder(NumpyBertEncoder):
              out_bias, out_norm) in self._bf16_layers:
             parts = functional.linear(x.to(torch.bfloat16), qkv, qkv_bias).view(
                 batch, length, 3, self.heads, hidden // self.heads).permute(2, 0, 3, 1, 4)
-            context = functional.scaled_dot_product_attention(parts[0], parts[1], parts[2])
+            context = functional.scaled_dot_product_attention(parts[0], parts[1], parts[2],
+                                                              attn_mask=mask)
             context = context.transpose(1, 2).reshape(batch, length, hidden)
             x = functional.layer_norm(
                 functional.linear(context, attn_out, attn_out_bias).float() + x, (hidden,),
@@ -352,7 +388,4 @@ class Bf16BertEncoder(NumpyBertEncoder):
             inner = functional.gelu(functional.linear(x.to(torch.bfloat16), inter, inter_bias))
             x = functional.layer_norm(functional.linear(inner, out, out_bias).float() + x,
                                       (hidden,), *out_norm, self.eps)
-        pooled = x[:, 0] if self.pooling == "cls" else x.mean(dim=1)
-        if self.normalize:
-            pooled = functional.normalize(pooled, dim=1, eps=1e-12)
-        return pooled.numpy()
+        return x

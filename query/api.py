@@ -22,7 +22,7 @@ from tkg.pipeline.inbox import Added
 from tkg.query import rerank
 from tkg.query.candidates import OneSearch
 from tkg.query.context import build_context
-from tkg.query.embedding import for_questions
+from tkg.query.embedding import question_embedder
 from tkg.query.hits import (
     KINDS,
     CommunityHit,
@@ -50,14 +50,11 @@ _EMBEDDERS_LOCK = threading.Lock()
 
 
 def snapshot_embedder(manifest: dict[str, Any]) -> Any:
-    """The embedder the snapshot was built with (model and dim from its manifest), loaded
-    once per process: the numpy encoder where the model's layout allows, whatever precision
-    the build used (float32's vectors to 3e-7; bfloat16's within 2e-3, cosine > 0.9999),
-    without importing torch: a cold `tkg search` took 7-8 s of CPU with
-    sentence-transformers and takes ~1.9 s. Its weights are laid out for a question's few
-    tokens (`tkg.query.embedding`: the same vectors, bit for bit)."""
-    from tkg.pipeline.embed import EMBEDDERS, numpy_embedder
-
+    """The embedder the snapshot was built with (model, precision and dim from its
+    manifest), loaded once per process and laid out for a question's few tokens
+    (`tkg.query.embedding.question_embedder`): the build's own encoder where the model's
+    layout allows (a cold `tkg search` took 7-8 s of CPU with sentence-transformers; ~1.9 s
+    on numpy, ~1.5 s more where bfloat16 imports torch)."""
     embedding = manifest.get("embedding") or {}
     try:
         config = EmbedConfig.model_validate(manifest["config"]["embed"])
@@ -66,8 +63,7 @@ def snapshot_embedder(manifest: dict[str, Any]) -> Any:
     key = config.model_dump_json()
     with _EMBEDDERS_LOCK:
         if key not in _EMBEDDERS:
-            _EMBEDDERS[key] = for_questions(numpy_embedder(config)
-                                            or EMBEDDERS.build(config.backend, config))
+            _EMBEDDERS[key] = question_embedder(config)
     embedder = _EMBEDDERS[key]
     if embedding.get("dim") and int(embedding["dim"]) != int(embedder.dim):
         raise QueryError(f"the snapshot's vectors are {embedding['dim']}-d but {config.model} "

@@ -24,16 +24,31 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from tkg.pipeline.config import EmbedConfig
 from tkg.query.search import together
 
 _DENSE = ("qkv", "attn_out", "inter", "out")  # `minilm_numpy._Layer`'s (in, out) weights
 
 
-def for_questions(embedder: Any) -> Any:
-    """`embedder` with its dense weights in Fortran order and one thread where it is the
-    numpy encoder (its vectors unchanged), else as it is."""
-    from tkg.pipeline.minilm_numpy import NumpyBertEncoder
+def question_embedder(config: EmbedConfig) -> Any:
+    """The embedder for questions to a snapshot built with `config`: the build's encoder,
+    in bfloat16 where `embed.precision` means it here (`embed.uses_bfloat16`), on one
+    thread, laid out for a question (`for_questions`); another backend as configured."""
+    from tkg.pipeline.embed import EMBEDDERS, numpy_embedder, uses_bfloat16
 
+    one_thread = config.model_copy(update={"threads_per_actor": 1})
+    encoder = numpy_embedder(one_thread, bfloat16=uses_bfloat16(config))
+    return for_questions(encoder or EMBEDDERS.build(config.backend, config))
+
+
+def for_questions(embedder: Any) -> Any:
+    """`embedder` laid out for a question's few tokens: the numpy encoder with its dense
+    weights in Fortran order and one thread (its vectors unchanged), the bfloat16 encoder
+    with a call's texts in one padded batch; any other as it is."""
+    from tkg.pipeline.minilm_numpy import Bf16BertEncoder, NumpyBertEncoder
+
+    if type(embedder) is Bf16BertEncoder:
+        embedder.padded = True
     if type(embedder) is NumpyBertEncoder:  # (its subclasses compute otherwise)
         embedder.threads = 1
         embedder.together = together

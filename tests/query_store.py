@@ -63,8 +63,9 @@ def _write(snapshot: Path, name: str, rows: list[dict], table_schema: pa.Schema)
     pq.write_table(pa.Table.from_pylist(rows, schema=table_schema), folder / "part-0.parquet")
 
 
-def build_store(root: Path, embedder) -> Path:
-    """Write the snapshot, its retrieval indexes and manifest, and publish it."""
+def build_store(root: Path, embedder, config: TkgConfig | None = None) -> Path:
+    """Write the snapshot, its retrieval indexes and manifest (of `config`, else the
+    default one), and publish it."""
     from tkg.pipeline.index import build_indexes
 
     dim = embedder.dim
@@ -102,7 +103,7 @@ def build_store(root: Path, embedder) -> Path:
     _write(snapshot, "facts", facts, schema.facts(dim))
     _write(snapshot, "mentions", mentions, schema.MENTIONS)
     store.write_empty(snapshot / "communities", schema.communities(dim))
-    config = TkgConfig()
+    config = config or TkgConfig()
     build_indexes(snapshot, dim, QueryConfig())
     store.write_manifest(snapshot, {"run_id": "tiny-1", "config": config.model_dump(),
                                     "embedding": {"model": config.embed.model, "dim": dim}})

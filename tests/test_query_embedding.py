@@ -61,3 +61,26 @@ def test_other_embedders_are_left_as_they_are() -> None:
 
     embedder = SyntheticEmbedder(np.eye(4, 8, dtype=np.float32))
     assert for_questions(embedder) is embedder
+
+
+def test_bfloat16_questions_are_near_float32_and_the_same_every_time() -> None:
+    """A snapshot built in bfloat16 is asked in bfloat16: a question's texts in one padded
+    batch (one pass of the model for the question and its unnamed form), near the float32
+    vectors and the same bits each time the same question comes."""
+    from tkg.pipeline.minilm_numpy import Bf16BertEncoder
+    from tkg.query.embedding import question_embedder
+
+    questions = [json.loads(line)["question"]
+                 for line in (TESTS / "questions" / "corpus.jsonl").read_text().splitlines()]
+    query = question_embedder(EmbedConfig(precision="bfloat16", threads_per_actor=2))
+    build = numpy_embedder(EmbedConfig(precision="float32"))
+    assert type(query) is Bf16BertEncoder and query.padded and query.threads == 1
+    assert type(question_embedder(EmbedConfig(precision="float32"))).__name__ == \
+        "NumpyBertEncoder"
+    for question in questions[:8]:
+        pair = [question, " ".join(question.split()[2:]) or question]
+        vectors = query.embed(pair)
+        assert np.array_equal(vectors, query.embed(pair))
+        assert vectors.shape == (2, build.dim) and vectors.dtype == np.float32
+        assert float((vectors * build.embed(pair)).sum(axis=1).min()) > 0.9999
+        assert np.abs(np.linalg.norm(vectors, axis=1) - 1).max() < 1e-5
