@@ -189,13 +189,15 @@ class OneSearch:
             scores = {kind: f.scores for kind, f in found.items()}
             expansion = bfs(self.snap, self._seeds(lists, scores), self.scope,
                             self.recipe.bfs_hops, self.recipe.bfs_max_edges)
-            labelled = with_labels(self.snap, list(expansion.entities),
-                                   self.scope.filters.labels)
+            entities = expansion.entities
+            if self.scope.filters.labels:
+                entities = {e: entities[e] for e in with_labels(
+                    self.snap, list(entities), self.scope.filters.labels)}
             self._expansion = {
                 "facts": order_reached(expansion.facts, self.snap.kinds["facts"], self.text,
                                        self.pool),
-                "entities": order_reached({e: expansion.entities[e] for e in labelled},
-                                          self.snap.kinds["entities"], self.text, self.pool)}
+                "entities": order_reached(entities, self.snap.kinds["entities"], self.text,
+                                          self.pool)}
         return self._expansion
 
     def named(self) -> tuple[list[int], list[int]]:

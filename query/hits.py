@@ -79,6 +79,9 @@ class Provenance:
     def __init__(self, snap: Snapshot, scope: Scope) -> None:
         self.snap, self.scope = snap, scope
         self._groups: set[int] | None = None  # codes of the scope's groups
+        # episode ids -> their rows (the top facts' are asked twice a search: for the
+        # episodes they cite, then for their hits)
+        self._episode_rows: dict[tuple[str, ...], list[int]] = {}
 
     def visible(self, row: int) -> bool:
         snap = self.snap
@@ -89,10 +92,14 @@ class Provenance:
 
     def episode_rows(self, episode_ids: list[str]) -> list[int]:
         """Provenance episodes the scope may see, in time order."""
-        rows = [self.snap.episode_rows.get(e, -1) for e in episode_ids]
-        rows = [r for r in rows if r >= 0 and self.visible(r)]
-        valid = self.snap.kinds["episodes"].times["valid_at_us"]
-        return sorted(set(rows), key=lambda r: (int(valid[r]), r))
+        key = tuple(episode_ids)
+        found = self._episode_rows.get(key)
+        if found is None:
+            rows = [self.snap.episode_rows.get(e, -1) for e in episode_ids]
+            rows = [r for r in rows if r >= 0 and self.visible(r)]
+            valid = self.snap.kinds["episodes"].times["valid_at_us"]
+            found = self._episode_rows[key] = sorted(set(rows), key=lambda r: (int(valid[r]), r))
+        return list(found)
 
     def entity_episodes(self, row: int, newest: int) -> list[int]:
         """Up to `newest` of the episodes that mention an entity, newest first."""

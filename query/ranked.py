@@ -17,7 +17,8 @@ def top_with_ties(scores: np.ndarray, limit: int) -> np.ndarray:
     ascending (all positions where there are no more than `limit`)."""
     if len(scores) <= limit:
         return np.arange(len(scores))
-    return np.flatnonzero(scores >= -np.partition(-scores, limit - 1)[limit - 1])
+    kth = len(scores) - limit  # (the `limit`-th best value, found without negating a copy)
+    return np.flatnonzero(scores >= np.partition(scores, kth)[kth])
 
 
 def best_visible(rows: np.ndarray, scores: np.ndarray, limit: int,
@@ -50,6 +51,8 @@ def best_visible(rows: np.ndarray, scores: np.ndarray, limit: int,
     if len(rows) > limit:
         best = top_with_ties(scores, PROBE * limit)
         seen = best[visible(rows[best])]
-        if len(seen) >= limit and (ties or len(top_with_ties(scores[seen], limit)) == limit):
-            return cut(seen)
+        if len(seen) >= limit:
+            top = top_with_ties(scores[seen], limit)
+            if ties or len(top) == limit:  # (then `top` is what `cut(seen)` picks)
+                return seen[top]
     return cut(np.flatnonzero(visible(rows)))

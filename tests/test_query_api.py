@@ -350,3 +350,75 @@ def test_a_store_without_facts_answers_with_its_episodes(tmp_path):
     assert result.to_dict()["facts"] == [] and result.episodes
     assert all(e.valid_at.endswith("+00:00") for e in result.episodes)
     assert retriever.search("w1 w2", ["g000"], recipe="facts_hybrid_rrf").facts == []
+
+
+def test_turn_neighbours_are_those_of_asking_every_row(tiny):
+    """`search.adjacent_turns` asks visibility only of the rows with a turn beside them in
+    their conversation: the same neighbours as asking every row, at a conversation's ends,
+    for rows out of range, another tenant's rows and a turn not known yet."""
+    import numpy as np
+    from tkg.query.search import adjacent_turns, visible_mask
+
+    from tests.query_store import T1
+
+    snap = tiny.snapshot()
+    count, follows = snap.kinds["episodes"].meta.num_rows, snap.follows_turn
+    rows = np.arange(-2, count + 2)
+    linked = 0
+    for scope in (make_scope("g1"), make_scope("g1", known_at=T1), make_scope("g2"),
+                  make_scope(["g1", "g2"])):
+        def seen(row: int, scope=scope) -> bool:
+            return 0 <= row < count and bool(
+                visible_mask(snap, "episodes", np.array([row]), scope)[0])
+
+        before = [r - 1 if seen(r) and seen(r - 1) and follows[r] else -1
+                  for r in rows.tolist()]
+        after = [r + 1 if seen(r) and seen(r + 1) and follows[r + 1] else -1
+                 for r in rows.tolist()]
+        found = adjacent_turns(snap, scope)(rows)
+        assert (found[0].tolist(), found[1].tolist()) == (before, after), scope
+        linked += sum(r >= 0 for r in before)
+    assert linked  # (some turns do have neighbours)
+
+
+def _bfs_by_isin(snap, origins, scope, hops, max_edges):
+    """`search.bfs` as it was written before it kept what was reached as flags by row."""
+    import numpy as np
+    from tkg.query.search import Expansion, entities_in_scope, live_facts
+
+    reached = Expansion(entities={e: 0 for e in entities_in_scope(snap, origins, scope)})
+    frontier = np.array(list(reached.entities), dtype=np.int64)
+    for hop in range(1, max(hops, 0) + 1):
+        if len(frontier) == 0:
+            break
+        edges = np.unique(snap.entity_facts.of_many(frontier))
+        edges = live_facts(snap, edges[~np.isin(edges, list(reached.facts))], scope)
+        edges = edges[np.argsort(-snap.fact_support[edges], kind="stable")[:max_edges]]
+        reached.facts.update(dict.fromkeys(edges.tolist(), hop))
+        ends = np.stack([snap.fact_src[edges], snap.fact_tgt[edges]], axis=1).ravel()
+        ends = ends[(ends >= 0) & ~np.isin(ends, np.fromiter(reached.entities, np.int64))]
+        _, first = np.unique(ends, return_index=True)
+        frontier = ends[np.sort(first)]
+        reached.entities.update(dict.fromkeys(frontier.tolist(), hop))
+    return reached
+
+
+def test_bfs_reaches_what_asking_by_isin_reached(tiny):
+    """The graph expansion from every entity, alone and together, at each depth and edge
+    bound, in both tenants and before the second run: the same facts and entities, with
+    the same hops, in the same order."""
+    from tkg.query.search import bfs
+
+    from tests.query_store import T1
+
+    snap = tiny.snapshot()
+    every = list(range(snap.kinds["entities"].meta.num_rows))
+    for scope in (make_scope("g1"), make_scope("g2"), make_scope("g1", known_at=T1),
+                  make_scope("g1", as_of="2024-02-01")):
+        for origins in [[e] for e in every] + [every, every[::-1]]:
+            for hops in (0, 1, 2, 3):
+                for max_edges in (1, 2, 400):
+                    got = bfs(snap, origins, scope, hops, max_edges)
+                    want = _bfs_by_isin(snap, origins, scope, hops, max_edges)
+                    assert list(got.facts.items()) == list(want.facts.items())
+                    assert list(got.entities.items()) == list(want.entities.items())
