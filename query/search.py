@@ -137,10 +137,11 @@ Spans = list[tuple[int, int]]  # row ranges [start, end) of the caller's groups
 
 def group_spans(snapshot: Snapshot, kind: str, scope: Scope) -> Spans | None:
     """The row ranges of the caller's groups, or None where an in-memory search cannot
-    stand in for LanceDB's prefilter: rows not sorted by group, or a label or relation
-    filter set (those filters only exist as LanceDB prefilters)."""
+    stand in for LanceDB's prefilter: rows not sorted by group. Label and relation filters
+    are `visible_mask`'s, so those searches stay in memory too (and BM25 on each group's
+    own statistics: LanceDB's are table-wide)."""
     table = snapshot.kinds[kind]
-    if table.group_start is None or scope.filters.labels or scope.filters.relations:
+    if table.group_start is None:
         return None
     spans = [(int(table.group_start[c]), int(table.group_start[c + 1]))
              for c in allowed_groups(snapshot, scope).tolist()]
@@ -301,7 +302,7 @@ def live_facts(snapshot: Snapshot, facts: np.ndarray, scope: Scope) -> np.ndarra
 
 def visible_mask(snapshot: Snapshot, kind: str, rows: np.ndarray, scope: Scope) -> np.ndarray:
     """Which of `rows` the scope may see: the in-memory twin of `where(kind, ...)` (groups,
-    both timelines, relation and date filters; labels aside, see `with_labels`)."""
+    both timelines, relation, label and date filters)."""
     table = snapshot.kinds[kind]
     t = table.times
     f = scope.filters
@@ -321,7 +322,25 @@ def visible_mask(snapshot: Snapshot, kind: str, rows: np.ndarray, scope: Scope) 
         relations = snapshot.kinds["facts"].meta["relation"]
         ok &= np.isin(np.asarray(relations.take(rows).to_pylist(), dtype=object),
                       list(f.relations))
+    if kind == "entities" and f.labels:
+        ok &= _labelled(snapshot.kinds["entities"].meta["labels"], rows, f.labels)
     return ok
+
+
+def _labelled(labels: Any, rows: np.ndarray, wanted: tuple[str, ...]) -> np.ndarray:
+    """Which of `rows` carry one of the `wanted` labels: `array_has_any(labels, [...])`
+    in memory (a row without labels carries none)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lists = labels.take(pa.array(rows, pa.int64()))
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    found = np.zeros(len(rows), dtype=bool)
+    hit = pc.is_in(pc.list_flatten(lists), value_set=pa.array(list(wanted))).fill_null(
+        False).to_numpy(zero_copy_only=False)
+    found[pc.list_parent_indices(lists).to_numpy()[hit]] = True
+    return found
 
 
 def _bounding(table: Kind, timeline: str, moment: int) -> int | None:
@@ -343,12 +362,8 @@ def with_labels(snapshot: Snapshot, rows: list[int], labels: tuple[str, ...]) ->
     in-memory twin of the label prefilter, for entities reached by graph expansion."""
     if not labels or not rows:
         return rows
-    import pyarrow as pa
-
-    wanted = set(labels)
-    found = snapshot.kinds["entities"].meta["labels"].take(pa.array(rows, pa.int64()))
-    return [r for r, have in zip(rows, found.to_pylist(), strict=True)
-            if wanted & set(have or ())]
+    found = _labelled(snapshot.kinds["entities"].meta["labels"], np.asarray(rows), labels)
+    return [r for r, ok in zip(rows, found.tolist(), strict=True) if ok]
 
 
 def entities_in_scope(snapshot: Snapshot, rows: Sequence[int], scope: Scope) -> list[int]:

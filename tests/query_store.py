@@ -127,10 +127,15 @@ def synthetic_snapshot(root: Path, seed: int) -> tuple[dict[str, pa.Table], Any,
 
 def twin_scopes() -> list[Any]:
     """Scopes an in-memory search must honour as LanceDB's prefilter does: one group, two
-    groups, a past point of both timelines, a valid-time window."""
+    groups, a past point of both timelines, a valid-time window, relation and label
+    filters (a label every entity carries, and one none does)."""
+    from tkg.jobs.bench.query import RELATIONS
     from tkg.query import search
 
     return [search.make_scope(["g000"]), search.make_scope(["g001", "g002"]),
             search.make_scope(["g000"], as_of="2021-06-01", known_at="2024-06-01"),
             search.make_scope(["g002"], filters=search.Filters(
-                valid_from=datetime(2021, 1, 1, tzinfo=UTC)))]
+                valid_from=datetime(2021, 1, 1, tzinfo=UTC))),
+            search.make_scope(["g000"], filters=search.Filters(relations=RELATIONS[:2],
+                                                               labels=("Thing",))),
+            search.make_scope(["g000", "g002"], filters=search.Filters(labels=("Person",)))]
