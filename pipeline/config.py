@@ -533,7 +533,7 @@ class QueryConfig(_Section):
         2_000_000, ge=0, description="tables up to this many rows keep BM25 postings in "
         "memory (about 70 bytes a row) and rank full-text searches there with each "
         "group's own statistics, as the native index would over the caller's groups alone; "
-        "larger tables, and label or relation filters, use LanceDB (table-wide statistics)")
+        "larger tables use LanceDB (table-wide statistics)")
     recipe: str = Field("combined_hybrid_rrf", description="default search recipe")
     limit: int = Field(10, ge=1, le=MAX_RESULTS, description="results per kind")
     context_tokens: int = Field(2_000, ge=50, description="token budget of `tkg context`")

@@ -11,8 +11,8 @@ but each row is scored with its own group's statistics (document count, the term
 frequency, average length) where LanceDB's are table-wide: a tenant's scores, and so its
 rankings, never depend on another tenant's rows. On a table of one group the two agree
 (`tests/test_lexical.py`), and a group's scores are those of LanceDB's index over that group
-alone. Tables above `query.memory_text_rows` rows, and searches with a label or relation
-filter, are ranked by LanceDB itself (`tkg.query.search.bm25`), with table-wide statistics.
+alone. Tables above `query.memory_text_rows` rows are ranked by LanceDB itself
+(`tkg.query.search.bm25`), with table-wide statistics.
 """
 
 from __future__ import annotations
