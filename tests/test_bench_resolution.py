@@ -51,6 +51,24 @@ def test_resolver_finds_the_synthetic_duplicates():
     assert scores["recall"] >= 0.95
 
 
+def test_name_nodes_without_ids_are_those_with_ids():
+    """The names stage's nodes (`resolve_entities` without ids) are the nodes with ids but
+    for `entity_id`, null: the rows, names, labels and aliases of each name alike."""
+    table = synthetic_mentions(2000, seed=2)
+    mentions = pa.Table.from_pylist([
+        {"episode_id": f"e{i}", "group_id": g, "valid_at": datetime(2024, 1, 1, tzinfo=UTC),
+         "name": n, "label": label, "attributes": None, "normalized": resolve.normalize_name(n)}
+        for i, (g, n, label) in enumerate(zip(*(table[c].to_pylist() for c in
+                                                 ("group_id", "name", "label")), strict=True))],
+        schema=resolve.MENTION_ROWS)
+    when = datetime(2024, 1, 2, tzinfo=UTC)
+    with_ids = resolve.resolve_entities(mentions, when)
+    without = resolve.resolve_entities(mentions, when, ids=False)
+    assert without["entity_id"].null_count == without.num_rows > 300
+    assert without.drop_columns(["entity_id"]).equals(with_ids.drop_columns(["entity_id"]))
+    assert with_ids["entity_id"].null_count == 0
+
+
 class SharedPrefixJudge:
     """A rule judge: the same entity when the names share their first four letters."""
 

@@ -33,6 +33,7 @@ from tkg.pipeline.resolve import (
     normalize_name,
     pair_ids,
     pending,
+    simhash_codes,
     tagged,
     untagged,
 )
@@ -200,6 +201,35 @@ def test_the_stage_decides_in_two_shuffles_as_one_table(max_block, bands_by_bloc
     if not bands_by_block:  # a full run: the blocks found in the shuffle by group alone
         alone = decide_in_groups(name_rows(table, config, True), config, True)
         assert _sorted(alone) == _sorted(distinct_pairs(whole))
+
+
+def test_simhash_codes_in_chunks_are_those_of_the_whole_matrix():
+    """The codes, made `chunk` rows at a time, are those of one product of the whole matrix
+    (float32 rows by float64 planes, the signs weighted by bit)."""
+    vectors = np.random.default_rng(7).standard_normal((1000, 384)).astype(np.float32)
+    planes = np.random.default_rng(4321).standard_normal((384, 6 * 16))
+    signs = (vectors @ planes > 0).reshape(1000, 6, 16)
+    whole = (signs * (1 << np.arange(16, dtype=np.int64))).sum(axis=2)
+    for chunk in (1, 97, 4096):
+        assert np.array_equal(simhash_codes(vectors, 6, 16, chunk), whole)
+
+
+def test_name_rows_of_embedded_names_carry_each_ones_vector_and_codes():
+    """Every node embedded (no vector taken out first) or one without: each name's row
+    carries its own int8 vector and band codes, null for the one without."""
+    vectors = np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32)
+    nodes = [node(name, vector=vector.tolist()) for name, vector in zip(
+        ("Ana Silva", "Bo Chen", "Cy Twombly", "Di Fox"), vectors, strict=True)]
+    for table in (_nodes_table(nodes), _nodes_table([*nodes, node("Ed Wu")])):
+        rows = name_rows(table, CONFIG, True)
+        named = rows.filter(pc.equal(rows["tag"], "name"))
+        assert named["normalized"].to_pylist() == table["normalized"].to_pylist()
+        quantized = np.clip(np.rint(vectors * 127), -127, 127).astype(np.int8).tolist()
+        assert named["vector"].to_pylist()[:4] == quantized
+        codes = simhash_codes(vectors, CONFIG.simhash_bands, CONFIG.simhash_bits).tolist()
+        assert named["bands"].to_pylist()[:4] == codes
+        assert named["vector"].to_pylist()[4:] == named["bands"].to_pylist()[4:] == [
+            None] * (table.num_rows - 4)
 
 
 def test_cluster_ids_are_deterministic():
