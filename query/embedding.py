@@ -1,14 +1,20 @@
-"""The query's embedder: the build's numpy encoder with its dense weights laid out for a
-question's few tokens, which gives the same vectors, bit for bit, sooner.
+"""The query's embedder: the build's encoder, in the snapshot's precision, laid out for a
+question's few tokens.
 
-A query embeds one or two short texts (the question, and the question without its speakers'
-names): 15-40 tokens. The encoder (`tkg.pipeline.minilm_numpy`) computes each dense layer as
-`x @ W`, x (tokens, in) and W (in, out). With W in Fortran order, numpy hands OpenBLAS the
-transposed operand, which it packs along the rows it reads; the products are the same sums
-in the same order (`tests/test_query_embedding.py` holds the vectors equal, bit for bit,
-for single questions, pairs and batches). The six layers' dense products, one thread, on
-the shared 2-core machine (load 3.4, ms): 16 tokens 13.5 -> 10.5, 32 tokens 17.5 -> 13.5,
-64 tokens 22.0 -> 19.4, 1,024 tokens 255 -> 264.
+In bfloat16 (`embed.precision: auto` on a CPU with native bf16, as the build's ranked
+vectors) a question's one or two texts go through `Bf16BertEncoder` in one padded batch on
+one torch thread: a LoCoMo question pair 10.3-10.8 -> 7.4-8.2 ms against the float32 form
+below (p50 of 300; two OpenMP threads took 0.8-5 ms a 28-row product on the loaded 2-core
+machine, one 0.2 ms), vectors within cosine 0.99998 of float32's.
+
+In float32, a query embeds one or two short texts (the question, and the question without
+its speakers' names): 15-40 tokens. The encoder (`tkg.pipeline.minilm_numpy`) computes each
+dense layer as `x @ W`, x (tokens, in) and W (in, out). With W in Fortran order, numpy
+hands OpenBLAS the transposed operand, which it packs along the rows it reads; the products
+are the same sums in the same order (`tests/test_query_embedding.py` holds the vectors
+equal, bit for bit, for single questions, pairs and batches). The six layers' dense
+products, one thread, on the shared 2-core machine (load 3.4, ms): 16 tokens 13.5 -> 10.5,
+32 tokens 17.5 -> 13.5, 64 tokens 22.0 -> 19.4, 1,024 tokens 255 -> 264.
 
 It runs on one BLAS thread whatever `embed.threads_per_actor` the build used: a second
 thread on products this small waits more than it works, and on the shared 2-core machine
