@@ -322,11 +322,11 @@ class Bf16BertEncoder(NumpyBertEncoder):
     def embed(self, texts: list[str]) -> np.ndarray:
         """(len(texts), dim) float32: the texts of each token length in batches of up to
         `BF16_BATCH_TOKENS` tokens (and `batch_size` texts); with `padded`, all at once."""
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
         encodings = self.tokenizer.encode_batch([text.strip() for text in texts])
         if self.padded and texts:
             with self._torch.inference_mode():
                 return self._encode_padded([encoding.ids for encoding in encodings])
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
         by_length: dict[int, list[int]] = {}
         for row, encoding in enumerate(encodings):
             by_length.setdefault(len(encoding.ids), []).append(row)

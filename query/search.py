@@ -319,9 +319,7 @@ def visible_mask(snapshot: Snapshot, kind: str, rows: np.ndarray, scope: Scope) 
         if f.valid_to is not None:
             ok &= t["valid_at_us"][rows] <= to_micros(f.valid_to, "valid_to")
     if kind == "facts" and f.relations:
-        relations = snapshot.kinds["facts"].meta["relation"]
-        ok &= np.isin(np.asarray(relations.take(rows).to_pylist(), dtype=object),
-                      list(f.relations))
+        ok &= _among(snapshot.kinds["facts"].meta["relation"].take(rows), f.relations)
     if kind == "entities" and f.labels:
         ok &= _labelled(snapshot.kinds["entities"].meta["labels"], rows, f.labels)
     return ok
@@ -337,10 +335,18 @@ def _labelled(labels: Any, rows: np.ndarray, wanted: tuple[str, ...]) -> np.ndar
     if isinstance(lists, pa.ChunkedArray):
         lists = lists.combine_chunks()
     found = np.zeros(len(rows), dtype=bool)
-    hit = pc.is_in(pc.list_flatten(lists), value_set=pa.array(list(wanted))).fill_null(
-        False).to_numpy(zero_copy_only=False)
-    found[pc.list_parent_indices(lists).to_numpy()[hit]] = True
+    found[pc.list_parent_indices(lists).to_numpy()[_among(pc.list_flatten(lists), wanted)]] = True
     return found
+
+
+def _among(values: Any, wanted: tuple[str, ...]) -> np.ndarray:
+    """Which of the Arrow strings `values` are one of `wanted` (a null is none): the
+    in-memory `IN (...)` of the relation and label prefilters."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    return pc.is_in(values, value_set=pa.array(list(wanted), pa.string())).fill_null(
+        False).to_numpy(zero_copy_only=False)
 
 
 def _bounding(table: Kind, timeline: str, moment: int) -> int | None:
