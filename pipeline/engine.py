@@ -149,7 +149,22 @@ def _small(ds: MaterializedDataset, ctx: RunContext) -> pa.Table | None:
     if not policy(ctx).on_driver(ds):
         return None
     tables = _blocks(ds)
-    return pa.concat_tables(tables, promote_options="default") if tables else None
+    return concat(tables) if tables else None
+
+
+def concat(tables: Sequence[pa.Table]) -> pa.Table:
+    """Blocks as one table in the driver. Blocks of one schema are concatenated as they
+    are; blocks whose types differ are conformed first to the schema Ray's union gives them
+    (`_union_on_ray`: string and large_string become large_string). Ray Data's joins hand
+    back large_string where the driver's blocks hold string, so a night whose store went to
+    Ray Data and whose own rows stayed here failed in embed ("Unable to merge: Field
+    embed_text has incompatible types", `ray.driver_mb: 16` into a 10,000-episode store)."""
+    try:
+        return pa.concat_tables(tables, promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        target = pa.unify_schemas([t.schema for t in tables], promote_options="permissive")
+        return pa.concat_tables([schema.conform(t, target) for t in tables],
+                                promote_options="default")
 
 
 def map_on_driver(ds: Dataset, fn: Callable[[pa.Table], pa.Table]) -> Dataset:
@@ -324,7 +339,7 @@ def gather(ctx: RunContext, ds: Dataset | None, columns: Sequence[str] | None = 
                 f"ray.gather_mb = {limit / MB:g} MB: raise it, or give the driver more memory")
         tables.append(block)
     if tables:
-        return pa.concat_tables(tables)
+        return concat(tables)
     if table_schema is not None:
         return table_schema.empty_table()
     return pa.table({c: pa.array([], pa.string()) for c in columns or []})

@@ -185,3 +185,22 @@ def test_union_of_parts_whose_blocks_differ_in_schema(ctx):
     out = shuffle(ctx, united, ["group_id", "key"], _count_per_key)
     assert _rows(out) == [{"group_id": "g", "key": "a", "value_sum": 3},
                           {"group_id": "h", "key": "b", "value_sum": 6}]
+
+
+def test_blocks_of_string_and_large_string_meet_in_one_step(ctx):
+    """Ray Data's joins hand back large_string columns where the driver's blocks hold
+    string; a night whose store went to Ray Data (`ray.driver_mb: 16`, 10,000 episodes)
+    failed in embed when the driver concatenated both kinds. Shuffles, joins and gathers
+    over such blocks give every row, on either path."""
+    from tkg.pipeline import engine
+
+    large = pa.table({"group_id": pa.array(["h"], pa.large_string()),
+                      "key": pa.array(["c"], pa.large_string()),
+                      "value": pa.array([4], pa.int64())})
+    mixed = _dataset(FULL, large).materialize()
+    out = engine.shuffle(ctx, mixed, ["group_id", "key"], _count_per_key)
+    assert [(r["group_id"], r["key"], r["value_sum"]) for r in _rows(out)] == [
+        ("g", "a", 3), ("h", "b", 3), ("h", "c", 4)]
+    joined = engine.join(ctx, mixed, _dataset(FULL.slice(2).select(["key"])), "inner", ("key",))
+    assert [r["value"] for r in _rows(joined)] == [3]
+    assert sorted(engine.gather(ctx, mixed, ["key"])["key"].to_pylist()) == ["a", "a", "b", "c"]
