@@ -112,6 +112,9 @@ def test_bench_incremental(ray_session, config_file, capfd):
     assert figures["facts_current"] <= figures["facts"]
     assert figures["night_peak_driver_rss_mb"] >= figures["night_start_driver_rss_mb"] > 0
     assert figures["night_driver_rss_growth_mb"] >= 0
+    peaks = figures["night_stage_peak_driver_rss_mb"]
+    assert peaks.keys() == figures["seconds"].keys()
+    assert 0 < max(peaks.values()) <= figures["night_peak_driver_rss_mb"]
 
 
 def test_bench_scale(ray_session, config_file, capfd):

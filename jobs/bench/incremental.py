@@ -133,7 +133,8 @@ def bench_incremental(episodes: int, new: int, *, config_path: str | None = None
         started = time.perf_counter()
         with PeakMemory() as night_memory:
             incremental = build(config, [str(fresh)], root / "store")
-        incremental_seconds = time.perf_counter() - started
+            ended = time.perf_counter()
+        incremental_seconds = ended - started
         rows = _run_rows(root / "store" / "work" / incremental.summary["run_id"])
     summary = incremental.summary
     night = night_memory.figures()
@@ -153,6 +154,9 @@ def bench_incremental(episodes: int, new: int, *, config_path: str | None = None
         "night_peak_driver_rss_mb": night["peak_driver_rss_mb"],
         "night_driver_rss_growth_mb": round(night["peak_driver_rss_mb"] - night_start / MB, 1),
         "night_peak_worker_rss_mb": night["peak_worker_rss_mb"],
+        # where the night's driver grows with the store (issue 26: a 200-episode night's
+        # peak went 1,221 / 2,019 / 3,267 MB on 10,000 / 40,000 / 160,000 episodes)
+        "night_stage_peak_driver_rss_mb": night_memory.stage_peaks(summary["seconds"], ended),
     }
 
 
