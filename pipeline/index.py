@@ -32,8 +32,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from tkg.pipeline import schema, storage
+from tkg.pipeline import schema, storage, table_arrays
 from tkg.pipeline.config import QueryConfig
+from tkg.pipeline.postings import STOP_WORDS  # (the tokenizer's: one list for both BM25s)
 from tkg.pipeline.storage import Location
 
 os.environ.setdefault("LANCE_LOG", "error")  # lance logs deprecation notes per query
@@ -49,21 +50,6 @@ FUTURE = 2**62  # sentinel for "still open" (null invalid_at / expired_at)
 CHUNK_ROWS = 65_536
 RANK = "_rank"  # a row's position in the table's sort order, while it is sorted
 log = logging.getLogger("tkg.pipeline.index")
-
-# The English stop words LanceDB 0.40 drops by default (NLTK's list, as tokens: "don't" is
-# "don" + "t"), passed to the index at publish so both agree whatever the default becomes.
-_STOP_TEXT = """
-a about above after again against ain all am an and any are aren as at be because been
-before being below between both but by can couldn d did didn do does doesn doing don down
-during each few for from further had hadn has hasn have haven having he her here hers
-herself him himself his how i if in into is isn it its itself just ll m ma me mightn more
-most mustn my myself needn no nor not now o of off on once only or other our ours
-ourselves out over own re s same shan she should shouldn so some such t than that the
-their theirs them themselves then there these they this those through to too under until
-up ve very was wasn we were weren what when where which while who whom why will with won
-wouldn y you your yours yourself yourselves
-"""
-STOP_WORDS: tuple[str, ...] = tuple(_STOP_TEXT.split())
 
 
 @dataclass(frozen=True)
@@ -315,6 +301,9 @@ def build_indexes(snapshot: Location, dim: int, config: QueryConfig,
         reader, rows = _published_reader(listed, spec, schema.PUBLISHED[name](dim), dim,
                                          chunk_rows)
         figures[name] = _write_indexed(db, spec, reader, rows, dim, config)
+    for name in list(figures):  # what an open derives, for it to map (`table_arrays`)
+        figures[name]["arrays_s"] = round(table_arrays.write(
+            storage.join(snapshot, LANCE_DIR), db.open_table(name), name, config), 3)
     figures["seconds"] = round(time.perf_counter() - started, 3)
     log.info("retrieval indexes built in %.1f s", figures["seconds"])
     return figures
