@@ -149,7 +149,11 @@ def _write_indexed(db: Any, spec: TableSpec, data: pa.Table | pa.RecordBatchRead
     from lancedb.index import FTS, Bitmap, BTree
 
     started = time.perf_counter()
-    table = db.create_table(spec.name, data, mode="overwrite")
+    # "create" where the table is new (a publish writes into a fresh snapshot): LanceDB logs
+    # a WARN line per table on stderr for "overwrite" of a table that does not exist yet,
+    # whatever LANCE_LOG says; "overwrite" where a resumed publish left one
+    mode = "overwrite" if spec.name in db.list_tables().tables else "create"
+    table = db.create_table(spec.name, data, mode=mode)
     built: dict[str, Any] = {"rows": rows, "vector_index": "exact"}
     if rows:
         table.create_index("group_id", config=Bitmap())
