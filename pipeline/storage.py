@@ -195,10 +195,16 @@ def read_text(location: str | Path, config: StorageConfig | None = None) -> str:
 def write_bytes(location: str | Path, data: bytes, config: StorageConfig | None = None) -> None:
     """One object written whole: S3 makes it visible only when the upload completes, so a
     reader sees the old object or the new one, never a part (what rename gives on POSIX)."""
+    with output_stream(location, config) as handle:
+        handle.write(data)
+
+
+def output_stream(location: str | Path, config: StorageConfig | None = None) -> pa.NativeFile:
+    """A file or object to write as a stream (its folder made locally); on S3 it becomes
+    visible when the stream closes."""
     fs, path = resolve(location, config)
     _parent(fs, path)
-    with fs.open_output_stream(path) as handle:
-        handle.write(data)
+    return fs.open_output_stream(path)
 
 
 def _parent(fs: pafs.FileSystem, path: str) -> None:

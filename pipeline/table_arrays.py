@@ -20,7 +20,6 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -131,14 +130,8 @@ def _write_postings(target: Location, postings: Postings) -> dict[str, str]:
 
 
 def _write_file(location: Location, write_to: Callable[[Any], None]) -> None:
-    """One file written by `write_to(stream)`: streamed to disk, or uploaded whole."""
-    if storage.is_url(location):
-        buffer = io.BytesIO()
-        write_to(buffer)
-        storage.write_bytes(location, buffer.getvalue())
-        return
-    Path(location).parent.mkdir(parents=True, exist_ok=True)
-    with open(location, "wb") as handle:
+    """One file written by `write_to(stream)`, locally or to an object store."""
+    with storage.output_stream(location) as handle:
         write_to(handle)
 
 
