@@ -28,7 +28,7 @@ from ray.data.dataset import MaterializedDataset
 from tkg.pipeline import schema
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import RunContext
-from tkg.pipeline.datasets import empty_dataset, from_tables
+from tkg.pipeline.datasets import block_metadata, empty_dataset, from_block_refs, from_tables
 
 MB = 2**20
 Block = Callable[..., pa.Table]
@@ -354,6 +354,29 @@ def total(ds: Dataset, fn: Callable[[pa.Table], int]) -> int:
 def run_tasks(task: Any, calls: Iterable[tuple]) -> list:
     """One Ray task of the remote function `task` per argument tuple; their results."""
     return ray.get([task.remote(*args) for args in calls])
+
+
+def described(*tables: pa.Table) -> list[Any]:
+    """The `block_metadata` of tables a Ray task returns, for `task_blocks` (called in the
+    task, where the tables are)."""
+    return [block_metadata(table) for table in tables]
+
+
+def task_blocks(task: Any, calls: Sequence[tuple], blocks: int
+                ) -> tuple[list[Dataset], list[Any]]:
+    """One Ray task of the remote function `task` per argument tuple, returning (with
+    `num_returns` = `blocks` + 1) `blocks` tables and then (a small value, `described(*tables)`):
+    a dataset per position, each task's table one of its blocks, and the small values. The
+    tables stay in the object store, so the driver holds none of them (a read of every
+    input file used to bring the whole input here and put it back)."""
+    if not calls:
+        return [empty_dataset() for _ in range(blocks)], []
+    returned = [task.remote(*args) for args in calls]
+    smalls = ray.get([refs[-1] for refs in returned])
+    datasets = [from_block_refs([refs[position] for refs in returned],
+                                [metadata[position] for _, metadata in smalls])
+                for position in range(blocks)]
+    return datasets, [small for small, _ in smalls]
 
 
 def shuffle_together(ctx: RunContext, parts: dict[str, Dataset], keys: list[str],
