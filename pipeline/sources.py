@@ -197,28 +197,97 @@ def to_episode(record: Any, limits: LimitsConfig, now: datetime | None = None
     return row, missing_zone
 
 
-def _open(path: Path | str, storage_config: StorageConfig | None) -> BinaryIO:
-    """A buffered binary reader of a local file or an object (streamed, not downloaded)."""
+# A JSON Lines file bigger than this is read by several tasks, one per span of this many
+# bytes (a line belongs to the span it starts in). One task per file read a 1,000,000-episode
+# file (302 MiB) in 29 s on one core of two; Python's validation of each record is the cost.
+SPAN_BYTES = 32 * 2**20
+
+
+@dataclass(frozen=True)
+class Span:
+    """The lines of `path` that start in bytes [start, end), numbered from `first_line`
+    (the lines that start before `start`, plus one)."""
+
+    path: Path | str
+    start: int = 0
+    end: int | None = None  # None: to the end of the file
+    first_line: int = 1
+
+
+def _open(path: Path | str, storage_config: StorageConfig | None, start: int = 0) -> BinaryIO:
+    """A buffered binary reader of a local file or an object (streamed, not downloaded), from
+    byte `start` (an object store reads from there by a ranged request)."""
     fs, inner = storage.resolve(path, storage_config)
-    return io.BufferedReader(fs.open_input_stream(inner), 1 << 20)
+    raw = fs.open_input_file(inner) if start else fs.open_input_stream(inner)
+    if start:
+        raw.seek(start)
+    return io.BufferedReader(raw, 1 << 20)
 
 
-def _jsonl_lines(path: Path | str, max_bytes: int, storage_config: StorageConfig | None = None
+def spans(path: Path | str, storage_config: StorageConfig | None = None,
+          span_bytes: int | None = None) -> list[tuple[int, int]]:
+    """The byte spans a JSON Lines file is read in: the whole file (one span) unless it is
+    bigger than `span_bytes` (`SPAN_BYTES`); Parquet is read whole."""
+    if PurePosixPath(str(path)).suffix.lower() in PARQUET_SUFFIXES:
+        return [(0, 0)]
+    span_bytes = span_bytes or SPAN_BYTES
+    size = storage.size(path, storage_config)
+    if size <= span_bytes:
+        return [(0, size)]
+    return [(start, min(start + span_bytes, size)) for start in range(0, size, span_bytes)]
+
+
+def lines_starting(path: Path | str, start: int, end: int,
+                   storage_config: StorageConfig | None = None) -> int:
+    """How many lines start in bytes [start, end) of a file of at least `end` bytes: one
+    after each newline in [start - 1, end - 1), and the file's first line when start is 0."""
+    count = int(start == 0 and end > 0)
+    begin = max(start - 1, 0)
+    with _open(path, storage_config, begin) as handle:
+        left = end - 1 - begin
+        while left > 0:
+            chunk = handle.read(min(left, 1 << 22))
+            if not chunk:
+                break
+            count += chunk.count(b"\n")
+            left -= len(chunk)
+    return count
+
+
+def _first_line_start(handle: BinaryIO, start: int) -> int:
+    """Move `handle` (at byte start - 1) to the first line that starts at or after `start`;
+    returns that line's offset."""
+    if handle.read(1) == b"\n":
+        return start
+    skipped = start
+    while chunk := handle.readline(1 << 20):  # the rest of a line begun before the span
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
+
+
+def _jsonl_lines(span: Span, max_bytes: int, storage_config: StorageConfig | None = None
                  ) -> Iterator[tuple[int, bytes | None, int]]:
-    """(line number, bytes or None when over-long, length) for each non-blank line."""
-    with _open(path, storage_config) as handle:
-        number = 0
-        while True:
+    """(line number, bytes or None when over-long, length) for each non-blank line of the
+    span."""
+    begin = max(span.start - 1, 0)
+    with _open(span.path, storage_config, begin) as handle:
+        offset = _first_line_start(handle, span.start) if span.start else 0
+        number = span.first_line - 1
+        while span.end is None or offset < span.end:
             chunk = handle.readline(max_bytes + 1)
             if not chunk:
                 return
             number += 1
+            offset += len(chunk)
             if len(chunk) > max_bytes and not chunk.endswith(b"\n"):
                 length = len(chunk)
                 head = chunk
                 while chunk and not chunk.endswith(b"\n"):  # skip the rest of the long line
                     chunk = handle.readline(1 << 20)
                     length += len(chunk)
+                offset += length - len(head)
                 yield number, None, length
                 del head
                 continue
@@ -226,11 +295,11 @@ def _jsonl_lines(path: Path | str, max_bytes: int, storage_config: StorageConfig
                 yield number, chunk, len(chunk)
 
 
-def _jsonl_records(path: Path | str, limits: LimitsConfig,
+def _jsonl_records(span: Span, limits: LimitsConfig,
                    storage_config: StorageConfig | None = None
                    ) -> Iterator[tuple[int, Any, bytes | None]]:
-    """(line, parsed record or RecordError, raw bytes) per line."""
-    for number, raw, length in _jsonl_lines(path, limits.max_line_bytes, storage_config):
+    """(line, parsed record or RecordError, raw bytes) per line of the span."""
+    for number, raw, length in _jsonl_lines(span, limits.max_line_bytes, storage_config):
         if raw is None:
             yield number, RecordError(
                 f"line is {length} bytes, over the limit of {limits.max_line_bytes}"
@@ -265,16 +334,19 @@ def _parquet_records(path: Path | str, storage_config: StorageConfig | None = No
 
 
 def read_file(
-    path: Path | str, *, run_id: str, limits: LimitsConfig, created_at: datetime,
+    path: Path | str | Span, *, run_id: str, limits: LimitsConfig, created_at: datetime,
     storage_config: StorageConfig | None = None,
 ) -> tuple[pa.Table, pa.Table, ReadStats]:
-    """Read one input file (local or an object-store URL) into (raw episodes, rejects, stats)."""
-    stats = ReadStats(files=[str(path)])
+    """Read one input file (local or an object-store URL), or one `Span` of a JSON Lines
+    file, into (raw episodes, rejects, stats)."""
+    span = path if isinstance(path, Span) else Span(path)
+    path = span.path
+    stats = ReadStats(files=[str(path)] if span.start == 0 else [])
     episodes: list[dict] = []
     rejects: list[dict] = []
     is_parquet = PurePosixPath(str(path)).suffix.lower() in PARQUET_SUFFIXES
     records = (_parquet_records(path, storage_config) if is_parquet
-               else _jsonl_records(path, limits, storage_config))
+               else _jsonl_records(span, limits, storage_config))
     for number, record, raw in records:
         stats.episodes_in += 1
         try:

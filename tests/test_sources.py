@@ -8,12 +8,14 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from tkg.pipeline import schema
+from tkg.pipeline import schema, sources
 from tkg.pipeline.config import LimitsConfig
 from tkg.pipeline.sources import (
     InputError,
     RecordError,
+    Span,
     discover,
+    lines_starting,
     read_file,
     to_episode,
     window_episodes,
@@ -137,6 +139,40 @@ def test_over_long_line_is_rejected_without_reading_it_whole(tmp_path):
     assert "over the limit" in rejects["reason"][0].as_py()
 
 
+def _awkward_lines() -> bytes:
+    """Good records between blank lines, an over-long line, bad UTF-8, malformed JSON and
+    a CRLF line, without a final newline: every kind of line a span boundary can cut."""
+    lines = [json.dumps(message(id=f"m{i}", content=f"Line {i} " + "x" * (i % 7) * 9)).encode()
+             for i in range(40)]
+    lines[5] = b""
+    lines[11] = json.dumps(message(id="long", content="z" * 3_000)).encode()
+    lines[17] = b"\xff\xfe garbage"
+    lines[23] = b"{not json"
+    lines[24] = b"   "
+    lines[29] = json.dumps(message(id="crlf")).encode() + b"\r"
+    return b"\n".join(lines)
+
+
+@pytest.mark.parametrize("span_bytes", [1, 7, 64, 333, 2_500, 10**6])
+def test_a_file_read_in_spans_gives_what_one_read_gives(tmp_path, span_bytes):
+    """Spans of any size (one byte, mid-line, mid over-long line, the whole file) give the
+    same episodes and rejects, line numbers included, as one read of the file."""
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(_awkward_lines())
+    limits = LimitsConfig(max_line_bytes=1_000)
+    whole = read_file(path, run_id="r", limits=limits, created_at=NOW)
+    parts, first_line = [], 1
+    for start, end in sources.spans(path, span_bytes=span_bytes):
+        parts.append(read_file(Span(path, start, end, first_line), run_id="r", limits=limits,
+                               created_at=NOW))
+        first_line += lines_starting(path, start, end)
+    assert first_line == 41  # the 40 lines, blank ones included
+    for index in (0, 1):
+        assert pa.concat_tables([part[index] for part in parts]).equals(whole[index])
+    assert whole[0].num_rows == 35 and whole[1].num_rows == 3  # long, bad UTF-8, not JSON
+    assert sum(part[2].episodes_in for part in parts) == whole[2].episodes_in
+
+
 def test_parquet_input(tmp_path):
     path = tmp_path / "records.parquet"
     rows = [
@@ -206,3 +242,31 @@ def test_unreachable_object_storage_is_an_input_error(s3_config):
         discover(["s3://no-such-bucket/in"], s3_config.storage)
     with pytest.raises(ValueError, match="unsupported scheme"):
         discover(["ftp://host/in"])
+
+
+def test_the_read_stage_reads_a_big_file_in_spans_on_ray(tmp_path, ray_session, config,
+                                                         monkeypatch):
+    """The read stage cuts a file past `SPAN_BYTES` into spans, a Ray task each, and gets
+    the rows and counts one task gets (this test's file: 16 spans)."""
+    from tkg.pipeline import engine
+    from tkg.pipeline.context import RunContext
+    from tkg.pipeline.stages import read
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(_awkward_lines())
+    limited = config.model_copy(update={"limits": LimitsConfig(max_line_bytes=1_000)})
+
+    def read_all() -> tuple[list[pa.Table], dict[str, int]]:
+        ctx = RunContext(config=limited, run_id="r", created_at=NOW, files=[path],
+                         work_dir=tmp_path, dim=384, cpus=2)
+        out = read.read_stage(ctx, {})
+        return [engine.gather(ctx, out[name]).sort_by("line")
+                for name in ("raw_episodes", "read_rejects")], ctx.counters
+
+    whole, counted = read_all()
+    monkeypatch.setattr(sources, "SPAN_BYTES", 600)
+    assert len(sources.spans(path)) == 16
+    spanned, counted_in_spans = read_all()
+    assert [t.num_rows for t in whole] == [35, 3]
+    assert spanned[0].equals(whole[0]) and spanned[1].equals(whole[1])
+    assert counted_in_spans == counted

@@ -87,6 +87,22 @@ def test_read_objects_like_files(s3, settings, name):
     assert remote[2].episodes_in == local[2].episodes_in > 0
 
 
+def test_read_an_object_in_spans(s3, settings):
+    """Spans of an object (ranged reads, a count of the lines before each) give what one
+    read of it gives."""
+    url = f"{s3.url()}/spans/conversations.jsonl"
+    _upload(CORPUS / "conversations.jsonl", url, settings)
+    whole = _read(url, settings)
+    cut = sources.spans(url, settings, span_bytes=997)
+    assert len(cut) > 3
+    parts, first_line = [], 1
+    for start, end in cut:
+        parts.append(_read(sources.Span(url, start, end, first_line), settings))
+        first_line += sources.lines_starting(url, start, end, settings)
+    assert pa.concat_tables([part[0] for part in parts]).equals(whole[0])
+    assert pa.concat_tables([part[1] for part in parts]).equals(whole[1])
+
+
 def test_read_parquet_object(s3, settings, tmp_path):
     episodes, _, _ = _read(CORPUS / "records.jsonl")
     rows = [{"group_id": r["group_id"], "id": r["source_id"], "kind": "text",
