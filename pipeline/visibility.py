@@ -117,12 +117,13 @@ def lance_where(kind: str, groups: Sequence[str], *, as_of: int | None, known_at
 # --- numpy ----------------------------------------------------------------------------------
 
 
-def group_mask(codes: np.ndarray, allowed: np.ndarray, n_groups: int) -> np.ndarray:
-    """Rows whose group code is one of `allowed` (a lookup table: faster than isin's sort;
-    code -1, no group, is never allowed)."""
+def group_table(allowed: np.ndarray, n_groups: int) -> np.ndarray:
+    """A bool per group code, and a last one for code -1 (no group), never allowed: whether
+    a row of that code may be seen by a caller of the `allowed` codes (`table[codes]` masks
+    rows: faster than isin's sort)."""
     table = np.zeros(n_groups + 1, dtype=bool)
     table[np.asarray(allowed, dtype=np.int64)] = True
-    return table[codes]
+    return table
 
 
 def numpy_mask(kind: str, times: Mapping[str, np.ndarray], *, as_of: int | None,

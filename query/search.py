@@ -297,16 +297,15 @@ def allowed_groups(snapshot: Snapshot, scope: Scope) -> np.ndarray:
 
 
 # per snapshot (by id, checked against a weak reference; an entry leaves with its snapshot):
-# a scope's groups -> (their codes, the group code lookup of `visibility.group_mask`)
+# a scope's groups -> (their codes, their `visibility.group_table`)
 _GROUPS: dict[int, tuple[weakref.ref[Snapshot], dict[tuple[str, ...],
                                                      tuple[np.ndarray, np.ndarray]]]] = {}
 GROUP_LOOKUPS = 4_096  # scopes' group tuples kept per snapshot (past it, the lot is dropped)
 
 
 def _group_lookup(snapshot: Snapshot, groups: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(codes of `groups` in the snapshot, a bool per code + 1 saying whether it is one of
-    them: `visibility.group_mask`'s table, whose last entry, code -1, is never allowed),
-    made once per snapshot and groups. A search asks `visible_mask` 11 times; between the
+    """(codes of `groups` in the snapshot, their `visibility.group_table`), made once per
+    snapshot and groups. A search asks `visible_mask` 11 times; between the
     scans of the vectors (caches cold) each made both again, 40 us a call in all."""
     entry = _GROUPS.get(id(snapshot))
     if entry is None or entry[0]() is not snapshot:
@@ -318,8 +317,7 @@ def _group_lookup(snapshot: Snapshot, groups: tuple[str, ...]) -> tuple[np.ndarr
     if found is None:
         codes = np.array([snapshot.groups[g] for g in groups if g in snapshot.groups],
                          dtype=np.int64)
-        table = np.zeros(len(snapshot.groups) + 1, dtype=bool)
-        table[codes] = True
+        table = visibility.group_table(codes, len(snapshot.groups))
         codes.flags.writeable = table.flags.writeable = False
         if len(known) >= GROUP_LOOKUPS:
             known.clear()
@@ -338,7 +336,7 @@ def visible_mask(snapshot: Snapshot, kind: str, rows: np.ndarray, scope: Scope) 
     table = snapshot.kinds[kind]
     t = table.times
     f = scope.filters
-    ok = _group_lookup(snapshot, scope.groups)[1][snapshot.group_codes[kind][rows]]  # (group_mask)
+    ok = _group_lookup(snapshot, scope.groups)[1][snapshot.group_codes[kind][rows]]
     as_of = _bounding(table, "as_of", scope.as_of)
     known_at = _bounding(table, "known_at", scope.known_at)
     if as_of is not None or known_at is not None:  # (neither: every row meets both)

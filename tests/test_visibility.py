@@ -70,7 +70,7 @@ def by_lance(db, table: pa.Table, groups, as_of: int, known_at: int) -> set[int]
 def by_numpy(table: pa.Table, groups, as_of: int, known_at: int) -> set[int]:
     codes = np.array([GROUPS.index(g) for g in table["group_id"].to_pylist()], dtype=np.int64)
     allowed = np.array([GROUPS.index(g) for g in groups], dtype=np.int64)
-    ok = visibility.group_mask(codes, allowed, len(GROUPS))
+    ok = visibility.group_table(allowed, len(GROUPS))[codes]
     ok &= visibility.numpy_mask("facts", visibility.arrow_times(table, "facts"),
                                 as_of=us(as_of), known_at=us(known_at))
     return set(np.flatnonzero(ok).tolist())
