@@ -4,13 +4,13 @@ episodes a fact or entity cites that the caller may see."""
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 from tkg.pipeline.index import SPECS
+from tkg.query.derived import derived
 from tkg.query.search import Hits, Scope
 from tkg.query.snapshot import Snapshot
 
@@ -257,19 +257,10 @@ class _Strings:
         return self.nulled(rows, found)
 
 
-# per Arrow table (by id, checked against a weak reference; an entry leaves with its
-# table): column -> (its strings, its lists or None), or None where the column is another
-# type (then `column_values` takes it)
-_VIEWS: dict[int, tuple[weakref.ref[Any], dict[str, tuple[_Strings, _Strings | None] | None]]] = {}
-
-
 def _views(meta: Any, column: str) -> tuple[_Strings, _Strings | None] | None:
-    entry = _VIEWS.get(id(meta))
-    if entry is None or entry[0]() is not meta:
-        key = id(meta)
-        entry = _VIEWS[key] = (weakref.ref(meta), {})
-        weakref.finalize(meta, _VIEWS.pop, key, None)
-    views = entry[1]
+    """A column's strings, its lists or None, or None where the column is another type
+    (then `column_values` takes it): made once per Arrow table and column."""
+    views = derived(meta).setdefault("column views", {})
     if column not in views:
         views[column] = _column_views(meta[column])
     return views[column]

@@ -8,14 +8,13 @@ first name of another person of the same groups.
 from __future__ import annotations
 
 import re
-import threading
-import weakref
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 from tkg.pipeline import episode_kinds
+from tkg.query.derived import derived
 
 WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 MIN_NAME_CHARS = 3  # shorter names ("AI", "Jo") match too many words by accident
@@ -127,32 +126,19 @@ def build_index(entity_names: list[str | None], entity_labels: list[list[str] | 
     return index
 
 
-# id(snapshot) -> (a weak reference to it, its index). The reference tells a later snapshot
-# that got a freed one's id (CPython reuses addresses) from the one the index was built for:
-# by id alone, a server's third snapshot could be given its first one's names, rows and
-# group codes.
-_INDEXES: dict[int, tuple[weakref.ref, NameIndex]] = {}
-_LOCK = threading.Lock()
-
-
 def name_index(snap: object) -> NameIndex:
-    """The snapshot's NameIndex, built once per opened snapshot."""
-    key = id(snap)
-    with _LOCK:
-        found = _INDEXES.get(key)
-    if found is not None and found[0]() is snap:
-        return found[1]
+    """The snapshot's NameIndex, built once per opened snapshot (`derived`)."""
+    kept = derived(snap)
+    index = kept.get("name index")
+    if index is not None:
+        return index
     entities = snap.kinds["entities"].meta  # type: ignore[attr-defined]
     episodes = snap.kinds["episodes"].meta  # type: ignore[attr-defined]
     aliases = snapshot_aliases(snap)
-    index = build_index(
+    index = kept["name index"] = build_index(
         entities["name"].to_pylist(), entities["labels"].to_pylist(),
         snap.group_codes["entities"], aliases,  # type: ignore[attr-defined]
         episode_kinds.speakers(episodes), snap.group_codes["episodes"])  # type: ignore[attr-defined]
-    with _LOCK:
-        if len(_INDEXES) > 8:  # snapshots replaced by newer ones
-            _INDEXES.clear()
-        _INDEXES[key] = (weakref.ref(snap), index)
     return index
 
 

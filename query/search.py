@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import weakref
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import numpy as np
 from tkg.pipeline import visibility
 from tkg.pipeline.config import GROUP_ID_PATTERN, QueryConfig
 from tkg.pipeline.index import PAST
+from tkg.query.derived import derived
 from tkg.query.ranked import best_visible
 from tkg.query.snapshot import Kind, QueryError, Snapshot
 
@@ -296,10 +296,6 @@ def allowed_groups(snapshot: Snapshot, scope: Scope) -> np.ndarray:
     return _group_lookup(snapshot, scope.groups)[0]
 
 
-# per snapshot (by id, checked against a weak reference; an entry leaves with its snapshot):
-# a scope's groups -> (their codes, their `visibility.group_table`)
-_GROUPS: dict[int, tuple[weakref.ref[Snapshot], dict[tuple[str, ...],
-                                                     tuple[np.ndarray, np.ndarray]]]] = {}
 GROUP_LOOKUPS = 4_096  # scopes' group tuples kept per snapshot (past it, the lot is dropped)
 
 
@@ -307,12 +303,8 @@ def _group_lookup(snapshot: Snapshot, groups: tuple[str, ...]) -> tuple[np.ndarr
     """(codes of `groups` in the snapshot, their `visibility.group_table`), made once per
     snapshot and groups. A search asks `visible_mask` 11 times; between the
     scans of the vectors (caches cold) each made both again, 40 us a call in all."""
-    entry = _GROUPS.get(id(snapshot))
-    if entry is None or entry[0]() is not snapshot:
-        key = id(snapshot)
-        entry = _GROUPS[key] = (weakref.ref(snapshot), {})
-        weakref.finalize(snapshot, _GROUPS.pop, key, None)
-    known = entry[1]
+    known: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = derived(
+        snapshot).setdefault("group lookups", {})
     found = known.get(groups)
     if found is None:
         codes = np.array([snapshot.groups[g] for g in groups if g in snapshot.groups],

@@ -60,11 +60,11 @@ def test_linked_episodes_in_a_search(tmp_path):
 
     # A snapshot given the id of a freed one (CPython reuses addresses) gets its own index,
     # not the one built for the snapshot that had that id.
-    from tkg.query import link
+    from tkg.query import derived, link
 
     snap = retriever.snapshot()
     stale = index()
-    link._INDEXES[id(snap)] = (lambda: object(), stale)  # what a freed snapshot left
+    derived._DERIVED[id(snap)] = (lambda: object(), {"name index": stale})  # a freed one's
     assert link.name_index(snap) is not stale
     assert link.name_index(snap) is link.name_index(snap)  # and built once
 
