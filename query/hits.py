@@ -113,9 +113,6 @@ class Provenance:
                     break
         return found
 
-    def source_id(self, row: int) -> str:
-        return self.source_ids([row])[0]
-
     def source_ids(self, rows: list[int]) -> list[str]:
         return column_values(self.snap.kinds["episodes"].meta, "source_id",
                              np.asarray(rows, dtype=np.int64))
@@ -213,14 +210,14 @@ def column_values(meta: Any, column: str, rows: np.ndarray) -> list[Any]:
     strings, lists = views
     if lists is None:
         return strings.values(rows)
-    starts, ends = lists.offsets[rows], lists.offsets[rows + 1]
-    counts = (ends - starts).tolist()
-    flat = strings.values(np.repeat(starts - np.cumsum(ends - starts) + (ends - starts),
-                                    ends - starts) + np.arange(sum(counts)))
-    found, at = [], 0
-    for count in counts:
-        found.append(flat[at:at + count])
-        at += count
+    starts = lists.offsets[rows]
+    lengths = lists.offsets[rows + 1] - starts
+    # every row's items end to end: the k-th overall is item k - (items before its row) of
+    # its row, at starts[row] + that
+    before = np.cumsum(lengths) - lengths
+    flat = strings.values(np.repeat(starts - before, lengths) + np.arange(lengths.sum()))
+    found = [flat[at:at + count] for at, count in zip(before.tolist(), lengths.tolist(),
+                                                      strict=True)]
     return lists.nulled(rows, found)
 
 
