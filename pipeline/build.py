@@ -215,11 +215,11 @@ def stage_writers(ctx: RunContext, publishes: Mapping[str, str]) -> dict[str, st
 def publish_run(ctx: RunContext, store_dir: Location, tables: Mapping[str, store.TableWriter],
                 started_at: datetime, summarize: Callable[[store.Published], dict[str, Any]],
                 manifest: dict[str, Any], *, grown: Sequence[str] = (),
-                kept: Sequence[str] = (), carry: Mapping[str, Sequence[str]] | None = None
-                ) -> dict[str, Any]:
+                kept: Sequence[str] = (), carry: Mapping[str, Sequence[str]] | None = None,
+                extend: bool = True) -> dict[str, Any]:
     """`store.publish` of a run, a build, a community refresh or a forget: its manifest is
     `manifest` (what the caller adds) with the run's fields over it, its `runs` row is the
-    summary's; returns the manifest."""
+    summary's; returns the manifest. `extend`: as `store.publish`'s."""
 
     def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
         summary = summarize(done)
@@ -235,7 +235,7 @@ def publish_run(ctx: RunContext, store_dir: Location, tables: Mapping[str, store
 
     return store.publish(store_dir, ctx.run_id, tables, previous=ctx.previous, dim=ctx.dim,
                          query=ctx.config.query, describe=describe, grown=grown, kept=kept,
-                         carry=carry)
+                         carry=carry, extend=extend)
 
 
 def _published_schema(work: str, table: str, dim: int) -> pa.Schema:

@@ -645,7 +645,10 @@ def _run(config: TkgConfig, store_dir: Location, request: str, selection: Select
          "forget": {"request_id": request, "groups_touched": len(selection.touched),
                     "groups_dropped": len(selection.dropped)},
          "erasures": erasures},
-        grown=tuple(plan.carry), carry=plan.carry)
+        grown=tuple(plan.carry), carry=plan.carry,
+        # retrieval tables built whole: an extended table would keep the erased rows in the
+        # files of its earlier versions, in a folder this snapshot lists (the purge keeps it)
+        extend=False)
     return ForgetResult(request, False, manifest["summary"]["removed"],
                         snapshot=manifest["run_id"], retired=retired)
 

@@ -234,8 +234,9 @@ def _published(store_dir: Location) -> list[Location]:
 
 
 def referenced_files(snapshots: list[Location]) -> tuple[set[str], tuple[str, ...]]:
-    """What kept snapshots use: their files (as storage keys) and their LanceDB folders (as
-    key prefixes), wherever they lie."""
+    """What kept snapshots use: their files (as storage keys) and their LanceDB and
+    `table_arrays` folders (as key prefixes), wherever they lie. A LanceDB folder holds
+    every version of its tables, the ones later snapshots extended it to included."""
     files: set[str] = set()
     folders: set[str] = set()
     for snapshot in snapshots:
@@ -244,7 +245,9 @@ def referenced_files(snapshots: list[Location]) -> tuple[set[str], tuple[str, ..
                      for f in listed)
         files.update(storage.key(storage.join(snapshot, n)) for n in (store.MANIFEST,
                                                                        store.CATALOG))
-        folders.update(storage.key(d) + "/" for d in store.lance_dirs(snapshot, manifest).values())
+        folders.update(storage.key(d) + "/" for d in (
+            *store.lance_dirs(snapshot, manifest).values(),
+            *store.arrays_dirs(snapshot, manifest).values()))
     return files, tuple(folders)
 
 

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tkg.pipeline import faults, schema, storage, visibility
 from tkg.pipeline.config import QueryConfig
-from tkg.pipeline.index import LANCE_DIR, build_indexes
+from tkg.pipeline.index import LANCE_DIR, Extendable, build_indexes
 from tkg.pipeline.storage import Location
 
 MANIFEST = "manifest.json"
@@ -332,11 +332,13 @@ Describe = Callable[[Published], tuple[dict[str, Any], pa.Table]]  # -> manifest
 def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter], *,
             previous: Location | None, dim: int, query: QueryConfig, describe: Describe,
             grown: Sequence[str] = (), kept: Sequence[str] = (),
-            carry: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
+            carry: Mapping[str, Sequence[str]] | None = None,
+            extend: bool = True) -> dict[str, Any]:
     """Write snapshot `run_id` and switch CURRENT to it, last: the new `tables`; the
     previous snapshot's files of `grown` tables listed beside the new ones and of `kept`
     tables whole (referenced, their retrieval indexes too); the retrieval indexes of the
-    rest; the runs table with the row `describe` returns; the catalog; its manifest with
+    rest (with `extend`, the previous snapshot's extended: `index.build_indexes`); the runs
+    table with the row `describe` returns; the catalog; its manifest with
     every table's files. `carry`: of each grown table only these previous files (relative
     to the previous snapshot; a forget leaves out those that held erased rows). Returns
     the manifest. A crash at any step leaves CURRENT where it was (faults:
@@ -356,7 +358,7 @@ def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter],
                 sum(storage.each(storage.parquet_rows,
                                  [storage.join(previous, f) for f in listed])))
     faults.hit("publish", "tables")
-    retrieval, lance = _indexes(snapshot, previous, kept, dim, query, files)
+    retrieval, lance, arrays = _indexes(snapshot, previous, kept, dim, query, files, extend)
     faults.hit("publish", "indexes")
     runs_dir = storage.join(snapshot, "runs")
     write_empty(runs_dir, schema.RUNS)  # the catalog describe may open needs every view
@@ -367,7 +369,7 @@ def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter],
     files["runs"] = [storage.relative(f, snapshot) for f in _listed(snapshot, "runs")]
     build_catalog(snapshot, files)
     faults.hit("publish", "catalog")
-    manifest = {**manifest, "files": files, "lance": lance,
+    manifest = {**manifest, "files": files, "lance": lance, "arrays": arrays,
                 "erasures": _erasures(previous, manifest)}
     write_manifest(snapshot, manifest)
     faults.hit("before_switch")
@@ -386,20 +388,36 @@ def _erasures(previous: Location | None, manifest: Mapping[str, Any]) -> list[di
 
 
 def _indexes(snapshot: Location, previous: Location | None, kept: Sequence[str], dim: int,
-             query: QueryConfig, files: Mapping[str, Sequence[str]]
-             ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Retrieval indexes of the snapshot, and where each lies (the LanceDB folder, relative
-    to the snapshot): a kept table's are the previous snapshot's, referenced."""
-    old = read_manifest(previous) if previous is not None and kept else {}
+             query: QueryConfig, files: Mapping[str, Sequence[str]], extend: bool
+             ) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """Retrieval indexes of the snapshot, where each table lies (its LanceDB folder) and
+    where its `table_arrays` lie, relative to the snapshot: a kept table's are the previous
+    snapshot's, referenced; with `extend`, a table the previous snapshot reads at a known
+    version is extended there (`index.build_indexes`), its arrays written here."""
+    old = read_manifest(previous) if previous is not None and (kept or extend) else {}
     before, where = old.get("retrieval") or {}, lance_dirs(previous, old) if old else {}
+    arrays_before = arrays_dirs(previous, old) if old else {}
     reused = {name: before[name] for name in kept if name in before and name in where}
-    lance = {name: _rebase(storage.name(previous), storage.relative(where[name], previous))
-             for name in reused}
+    lance = {name: _sibling(previous, where[name]) for name in reused}
+    arrays = {name: _sibling(previous, arrays_before[name]) for name in reused}
+    bases = {name: Extendable(where[name], int(figures["version"]), int(figures["appends"]))
+             for name, figures in before.items()
+             if extend and name in where and name not in reused
+             and isinstance(figures, dict) and "version" in figures and "appends" in figures}
     sources = {name: [storage.join(snapshot, f) for f in listed]
                for name, listed in files.items()}
-    built = build_indexes(snapshot, dim, query, reused=set(reused), files=sources)
-    lance.update({name: LANCE_DIR for name in built if name != "seconds"})
-    return {**built, **reused}, lance
+    built = build_indexes(snapshot, dim, query, reused=set(reused), files=sources, bases=bases)
+    for name, figures in built.items():
+        if name == "seconds":
+            continue
+        lance[name] = _sibling(previous, where[name]) if figures["extended"] else LANCE_DIR
+        arrays[name] = LANCE_DIR
+    return {**built, **reused}, lance, arrays
+
+
+def _sibling(previous: Location, folder: Location) -> str:
+    """A folder the previous snapshot lists, relative to a new sibling snapshot."""
+    return _rebase(storage.name(previous), storage.relative(folder, previous))
 
 
 def lance_dirs(snapshot: Location, manifest: Mapping[str, Any] | None = None
@@ -410,6 +428,26 @@ def lance_dirs(snapshot: Location, manifest: Mapping[str, Any] | None = None
     manifest = read_manifest(snapshot) if manifest is None else manifest
     listed = manifest.get("lance") or {}
     return {name: storage.join(snapshot, listed.get(name, LANCE_DIR)) for name in SPECS}
+
+
+def arrays_dirs(snapshot: Location, manifest: Mapping[str, Any] | None = None
+                ) -> dict[str, Location]:
+    """The folder holding each searchable table's `table_arrays` (beside its LanceDB table
+    where the manifest names none: snapshots published before tables were extended)."""
+    manifest = read_manifest(snapshot) if manifest is None else manifest
+    listed = manifest.get("arrays") or {}
+    return {name: storage.join(snapshot, listed[name]) if name in listed else folder
+            for name, folder in lance_dirs(snapshot, manifest).items()}
+
+
+def lance_versions(manifest: Mapping[str, Any]) -> dict[str, int | None]:
+    """The version of each LanceDB table a snapshot reads (None: the latest, for snapshots
+    published before tables were extended, whose tables no later publish changes)."""
+    from tkg.pipeline.index import SPECS
+
+    figures = manifest.get("retrieval") or {}
+    return {name: (int(figures[name]["version"]) if isinstance(figures.get(name), dict)
+                   and "version" in figures[name] else None) for name in SPECS}
 
 
 def write_manifest(snapshot: Location, manifest: dict[str, Any]) -> None:

@@ -4,9 +4,10 @@ the table's LanceDB folder, so an open maps files instead of computing them.
 
 At 100,000 facts one open cost 1.25 s (1.49 s of CPU; cProfile: postings 0.47 s, unit
 vectors 0.38 s, the rows 0.11 s, of 1.25), twice per publish in a `tkg serve` of several
-processes, while they answered. The files of table T lie in `LANCE/T.arrays/` beside
-LanceDB's `LANCE/T.lance/`, so a table a later snapshot keeps (`store.lance_dirs`) keeps
-them, and the store's clean-up keeps them with the folder. `arrays.json` is written last and
+processes, while they answered. The files of table T lie in `LANCE/T.arrays/` of the
+snapshot that wrote them (the manifest's `arrays`, `store.arrays_dirs`; beside LanceDB's
+`LANCE/T.lance/` for snapshots published before it), so a table a later snapshot keeps
+keeps them, and the store's clean-up keeps them with the folder. `arrays.json` is written last and
 lists what was written; a table without it (published before these files existed) is
 computed at open as before, with the same functions, so both give the same bits. Locally
 the files are memory-mapped (the pages are shared by every process of a server); on an
@@ -18,7 +19,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from tkg.pipeline.storage import Location
 
 SUFFIX = ".arrays"  # LANCE/<table>.arrays/, beside LanceDB's LANCE/<table>.lance/
 INDEX = "arrays.json"
+HASH = "_hash"  # a retrieval table's row digest (`index.digests`), of no use to an open
 META, VECTORS, TERMS = "meta.arrow", "vectors.npy", "terms.arrow"
 POSTINGS = ("start", "rows", "counts", "lengths", "documents", "average_length", "gains")
 
@@ -50,7 +52,7 @@ def by_row(data: pa.Table) -> pa.Table:
 def read_meta(table: Any, rows: int) -> pa.Table:
     """A LanceDB table's rows without their vectors, in `row` order (ValueError where
     they are not rows 0 to `rows` - 1)."""
-    names = [f.name for f in table.schema if f.name != "vector"]
+    names = [f.name for f in table.schema if f.name not in ("vector", HASH)]
     data = by_row(table.search().select(names).limit(rows).to_arrow()).combine_chunks()
     if data.num_rows != rows or not np.array_equal(data["row"].to_numpy(),
                                                    np.arange(rows, dtype=np.int64)):
@@ -58,9 +60,13 @@ def read_meta(table: Any, rows: int) -> pa.Table:
     return data
 
 
-def unit_vectors(table: Any, rows: int, block: int = 8_192) -> np.ndarray:
-    """Every row's vector over its norm (a zero vector stays zero), float32, in row order."""
-    data = by_row(table.search().select(["row", "vector"]).limit(rows).to_arrow())
+def unit_vectors(table: Any, rows: int, keys: np.ndarray | None = None,
+                 block: int = 8_192) -> np.ndarray:
+    """Every row's vector over its norm (a zero vector stays zero), float32, in row order,
+    or in the order of `keys` (the `row` values of the rows, as `sorted_meta` gives them)."""
+    data = table.search().select(["row", "vector"]).limit(rows).to_arrow()
+    data = by_row(data) if keys is None else data.take(positions(pa.array(keys),
+                                                                 data["row"].combine_chunks()))
     vectors = data["vector"].combine_chunks().flatten().to_numpy().reshape(rows, -1)
     unit = np.empty(vectors.shape, dtype=np.float32)
     # by blocks of rows whose temporaries stay in cache (the same arithmetic row by row)
@@ -87,16 +93,18 @@ def positions(values: pa.ChunkedArray | pa.Array, keys: pa.Array) -> np.ndarray:
     return pc.fill_null(index, -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def write(lance_dir: Location, table: Any, name: str, config: QueryConfig) -> float:
-    """Write what an open derives from LanceDB table `name` (of `lance_dir`), as the
-    snapshot's query `config` asks; returns the seconds spent. It reads the table back,
-    so it is what an open would read."""
+def write(lance_dir: Location, table: Any, name: str, config: QueryConfig,
+          order: Sequence[str]) -> float:
+    """Write what an open derives from LanceDB table `name`, into `lance_dir`, as the
+    snapshot's query `config` asks; returns the seconds spent. It reads the table back
+    (as checked out), so it is what an open would read; the rows go in `order` (the
+    table's sort keys), whatever order an extended table holds them in."""
     started = time.perf_counter()
     rows = table.count_rows()
     if not rows:
         return 0.0  # (an open keeps nothing of an empty table)
     target = folder(lance_dir, name)
-    meta = read_meta(table, rows)
+    meta = sorted_meta(table, rows, order)
     _write_file(storage.join(target, META), lambda out: _write_ipc(out, meta))
     listed: dict[str, Any] = {"rows": rows, "meta": META}
     # codes of this table's own groups: their runs are those of the snapshot-wide codes an
@@ -107,13 +115,25 @@ def write(lance_dir: Location, table: Any, name: str, config: QueryConfig) -> fl
     if not np.any(np.diff(codes) < 0):  # (else an open keeps neither: rows not by group)
         sizes = np.bincount(codes[codes >= 0], minlength=len(groups))
         if keeps_vectors(rows, int(sizes.min()) if len(sizes) else 0, config):
-            vectors = unit_vectors(table, rows)
+            vectors = unit_vectors(table, rows, meta["row"].to_numpy())
             _write_file(storage.join(target, VECTORS), lambda out: np.save(out, vectors))
             listed["vectors"] = VECTORS
         if keeps_postings(rows, config):
             listed["postings"] = _write_postings(target, Postings.build(meta["text"], codes))
     storage.write_text(storage.join(target, INDEX), json.dumps(listed, sort_keys=True))
     return time.perf_counter() - started
+
+
+def sorted_meta(table: Any, rows: int, order: Sequence[str]) -> pa.Table:
+    """A LanceDB table's rows without their vectors and digests, in `order`; `row` holds
+    each row's key in the table (its position too, in a table built whole)."""
+    names = [f.name for f in table.schema if f.name not in ("vector", HASH)]
+    data = table.search().select(names).limit(rows).to_arrow()
+    ranked = pc.sort_indices(data, sort_keys=[(c, "ascending") for c in order])
+    keys = data["row"].to_numpy()
+    if not np.array_equal(keys[ranked.to_numpy()], np.arange(rows, dtype=np.int64)):
+        data = data.take(ranked)  # (a table built whole is scanned in order already)
+    return data.combine_chunks()
 
 
 def _write_postings(target: Location, postings: Postings) -> dict[str, str]:

@@ -129,7 +129,7 @@ async def cosine(kind: Kind, vector: np.ndarray, scope: Scope, limit: int,
     if kind.ann:
         query = query.nprobes(config.nprobes).refine_factor(config.refine_factor)
     result = await query.to_arrow()
-    rows = result["row"].to_pylist()
+    rows = kind.rows_of(result["row"].to_numpy())
     return [(r, 1.0 - d) for r, d in zip(rows, result["_distance"].to_pylist(), strict=True)]
 
 
@@ -229,7 +229,8 @@ async def bm25(kind: Kind, text: str, scope: Scope, limit: int) -> Hits:
                     .where(where(kind.name, scope, kind.bounds)).select(["row", "_score"])
                     .limit(limit)
                     .to_arrow())
-    return list(zip(result["row"].to_pylist(), result["_score"].to_pylist(), strict=True))
+    return list(zip(kind.rows_of(result["row"].to_numpy()), result["_score"].to_pylist(),
+                    strict=True))
 
 
 def start(searches: list[Coroutine[Any, Any, Hits]]) -> Future[list[Hits]]:
@@ -284,11 +285,11 @@ def vectors_of(kind: Kind, rows: Sequence[int], scope: Scope) -> dict[int, np.nd
     """Stored vectors of some rows (for MMR), still within the caller's groups."""
     if kind.table is None or not rows:
         return {}
-    ids = ", ".join(str(int(r)) for r in rows)
+    ids = ", ".join(str(k) for k in kind.keys_of(rows))
     result = (kind.table.search().where(f"row IN ({ids}) AND {where(kind.name, scope)}")
               .select(["row", "vector"]).limit(len(rows)).to_arrow())
     vectors = result["vector"].combine_chunks().flatten().to_numpy().reshape(result.num_rows, -1)
-    return dict(zip(result["row"].to_pylist(), vectors, strict=True))
+    return dict(zip(kind.rows_of(result["row"].to_numpy()), vectors, strict=True))
 
 
 def allowed_groups(snapshot: Snapshot, scope: Scope) -> np.ndarray:

@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -148,6 +148,11 @@ class Kind:
     vectors: np.ndarray | None = None
     group_start: np.ndarray | None = None  # rows of group code g: [start[g], start[g + 1])
     terms: TermIndex | None = None  # BM25 postings of `text` (`query.memory_text_rows`)
+    # LanceDB's `row` of each row (`keys`) and the row of each such key (`rows_of_keys`, -1
+    # where none): None where they are the rows themselves (a table built whole), else an
+    # extended table's (`tkg.pipeline.index`), whose keys are not positions
+    keys: np.ndarray | None = None
+    rows_of_keys: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for column in self.meta.column_names:
@@ -155,6 +160,23 @@ class Kind:
                 values = self.meta[column].to_numpy()
                 self.times[column] = values
                 self.bounds[column] = (int(values.min()), int(values.max()))
+        keys = self.meta["row"].to_numpy() if self.meta.num_rows else None
+        if keys is not None and not np.array_equal(keys, np.arange(len(keys))):
+            self.keys = keys
+            self.rows_of_keys = np.full(int(keys.max()) + 1, -1, dtype=np.int64)
+            self.rows_of_keys[keys] = np.arange(len(keys), dtype=np.int64)
+
+    def rows_of(self, keys: Sequence[int]) -> list[int]:
+        """The rows of LanceDB `row` values (what a LanceDB search returns)."""
+        if self.rows_of_keys is None:
+            return [int(k) for k in keys]
+        return self.rows_of_keys[np.asarray(keys, dtype=np.int64)].tolist()
+
+    def keys_of(self, rows: Sequence[int]) -> list[int]:
+        """The LanceDB `row` values of rows (what a LanceDB filter names)."""
+        if self.keys is None:
+            return [int(r) for r in rows]
+        return self.keys[np.asarray(rows, dtype=np.int64)].tolist()
 
     @property
     def rows(self) -> int:
@@ -262,6 +284,7 @@ def open_snapshot(snapshot: Location, config: QueryConfig | None = None) -> Snap
     manifest = store.read_manifest(snapshot)
     config = config or snapshot_query_config(manifest)
     where = store.lance_dirs(snapshot, manifest)
+    arrays, versions = store.arrays_dirs(snapshot, manifest), store.lance_versions(manifest)
     missing = sorted({str(d) for d in where.values() if not storage.exists(d)})
     if missing:
         raise store.StoreError(
@@ -273,13 +296,15 @@ def open_snapshot(snapshot: Location, config: QueryConfig | None = None) -> Snap
     saved: dict[str, table_arrays.Saved | None] = {}
     for name in SPECS:
         db, adb = dbs[str(where[name])]
-        table = db.open_table(name)
+        table, atable = db.open_table(name), LOOP.run(adb.open_table(name))
+        if versions[name] is not None:  # (the version this snapshot reads: later ones extend it)
+            table.checkout(versions[name])
+            LOOP.run(atable.checkout(versions[name]))
         rows = table.count_rows()
         indexed = {tuple(i.columns) for i in table.list_indices()} if rows else set()
-        saved[name] = table_arrays.load(where[name], name, rows) if rows else None
+        saved[name] = table_arrays.load(arrays[name], name, rows) if rows else None
         meta = saved[name].meta() if saved[name] else _meta(table, rows)
-        kinds[name] = Kind(name, table if rows else None,
-                           LOOP.run(adb.open_table(name)) if rows else None,
+        kinds[name] = Kind(name, table if rows else None, atable if rows else None,
                            meta, ("vector",) in indexed)
     all_groups = sorted({g for k in kinds.values()
                          for g in pc.unique(k.meta["group_id"]).to_pylist() if g})

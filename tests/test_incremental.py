@@ -304,3 +304,65 @@ def test_the_nights_reads_of_stored_extractions_keep_every_fact_and_record():
     assert records.record_statements(kept, False).equals(
         records.record_statements(extractions, False))
     assert records.record_statements(kept, False).num_rows == 2
+
+
+def _answer(retriever, question: str, recipe: str) -> dict | str:
+    """A search's JSON object, or its error (a recipe that needs a center entity)."""
+    from tkg.query.snapshot import QueryError
+
+    try:
+        return retriever.search(question, GROUP, recipe=recipe).to_dict()
+    except QueryError as error:
+        return str(error)
+
+
+QUESTIONS = ("Where does Daniel Okafor live?", "Who works at Acme?", "Sofia Moreno Madrid",
+             "office", "Paris")
+
+
+def test_extended_retrieval_tables_answer_as_tables_built_whole(runs, tmp_path):
+    """Each later run extends the retrieval tables it builds on (a new LanceDB version of
+    them, `tkg.pipeline.index`) rather than building them whole; searched in memory or in
+    LanceDB, the last snapshot answers what the same snapshot with its tables built whole
+    answers, and an earlier snapshot still reads the version it was published with."""
+    import shutil
+
+    from tkg.pipeline import index
+    from tkg.pipeline.config import QueryConfig
+    from tkg.query import open as open_store
+    from tkg.query.recipes import RECIPES
+    from tkg.query.snapshot import open_snapshot
+
+    parts, _ = runs
+    extended = [name for part in parts[1:] for name, figures in
+                store.read_manifest(part.snapshot)["retrieval"].items()
+                if isinstance(figures, dict) and figures["extended"]]
+    assert "episodes" in extended and "facts" in extended, extended
+    first = store.read_manifest(parts[0].snapshot)
+    assert first["lance"]["episodes"] == "lance"
+    later = store.read_manifest(parts[-1].snapshot)
+    assert later["lance"]["episodes"].startswith("../run-")  # the table it extended
+    assert later["retrieval"]["episodes"]["version"] > first["retrieval"]["episodes"]["version"]
+
+    whole = tmp_path / "store"
+    shutil.copytree(parts[-1].summary["store"], whole)
+    snapshot = store.current_snapshot(whole)
+    manifest = store.read_manifest(snapshot)
+    rebuilt = index.build_indexes(snapshot, int(manifest["embedding"]["dim"]), QueryConfig(),
+                                  files=store.snapshot_files(snapshot, manifest))
+    store.write_manifest(snapshot, {**manifest, "retrieval": rebuilt,
+                                    "lance": {n: "lance" for n in index.SPECS},
+                                    "arrays": {n: "lance" for n in index.SPECS}})
+    assert not any(rebuilt[n]["extended"] for n in index.SPECS)
+    in_lance = QueryConfig(memory_vector_rows=0, memory_text_rows=0, exact_scan_rows=0)
+    for config in (None, in_lance):
+        answers = open_store(parts[-1].summary["store"], config=config)
+        expected = open_store(whole, config=config)
+        for question in QUESTIONS:
+            for recipe in RECIPES:
+                assert _answer(answers, question, recipe) == _answer(
+                    expected, question, recipe), (question, recipe, config)
+    first_rows = open_snapshot(parts[0].snapshot).kinds["episodes"].meta["episode_id"]
+    assert sorted(first_rows.to_pylist()) == [
+        row[0] for row in _rows(parts[0].snapshot, "SELECT episode_id FROM episodes")]
+    assert len(first_rows) == len(RUNS[0])

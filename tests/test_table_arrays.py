@@ -104,6 +104,6 @@ def test_arrays_written_and_read_on_an_s3_store(s3, monkeypatch, tmp_path):
     computed = open_snapshot(snapshot, config)
     db = connect(lance)
     for name in SPECS:
-        table_arrays.write(lance, db.open_table(name), name, config)
+        table_arrays.write(lance, db.open_table(name), name, config, SPECS[name].order)
     assert table_arrays.load(lance, "facts", 3_000) is not None
     _assert_same(open_snapshot(snapshot, config), computed)
