@@ -28,7 +28,13 @@ from ray.data.dataset import MaterializedDataset
 from tkg.pipeline import schema
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import RunContext
-from tkg.pipeline.datasets import block_metadata, empty_dataset, from_block_refs, from_tables
+from tkg.pipeline.datasets import (
+    DriverDataset,
+    block_metadata,
+    empty_dataset,
+    from_block_refs,
+    from_tables,
+)
 
 MB = 2**20
 Block = Callable[..., pa.Table]
@@ -103,6 +109,9 @@ def nonempty(ds: Dataset) -> MaterializedDataset | None:
     every partition to spread the schema; when that block is such an empty one, the
     partitions later fail to concatenate it with real rows or look up a key column it
     lacks. This is the one guard: every shuffle and join goes through it."""
+    if isinstance(ds, DriverDataset):
+        tables = [table for table in ds.tables if table.num_rows]
+        return (ds if len(tables) == len(ds.tables) else DriverDataset(tables)) if tables else None
     executed = ds.materialize()
     sizes = [entry.metadata.num_rows if part is None else part.end_offset - part.start_offset
              for bundle in executed.iter_internal_ref_bundles()
@@ -114,7 +123,11 @@ def nonempty(ds: Dataset) -> MaterializedDataset | None:
 
 
 def stream(ds: Dataset) -> Iterator[pa.Table]:
-    """The Arrow blocks of `ds` one at a time, in order (the driver holds one block)."""
+    """The Arrow blocks of `ds` one at a time, in order (the driver holds one block; the
+    tables of a `DriverDataset` are here already)."""
+    if isinstance(ds, DriverDataset):
+        yield from ds.tables
+        return
     for ref in ds.to_arrow_refs():
         yield ray.get(ref)
 
