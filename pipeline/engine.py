@@ -296,18 +296,25 @@ def join(ctx: RunContext, left: Dataset, right: Dataset, join_type: str,
     """`left` joined with `right` on `on`, holding when either side has no rows (a Ray join
     of an empty side fails on its missing key columns): an empty left gives nothing, an
     empty right gives nothing (inner) or the left rows unchanged (left_outer, left_anti;
-    the right's columns are filled in by whoever reads them)."""
+    the right's columns are filled in by whoever reads them). Both sides small: in the
+    driver. Only the right small: each block of the left joined with the whole right in a
+    map (a broadcast join; every join here keeps the left's rows, so a block needs no
+    other). Ray Data's hash join shuffled both sides: a night into the 160,000-episode
+    synthetic store joined the stored facts (their vectors included) with a few edge ids
+    that way four times in `versions`."""
     left_rows = nonempty(left)
     if left_rows is None:
         return empty_dataset()
     right_rows = nonempty(right)
     if right_rows is None:
         return empty_dataset() if join_type == "inner" else left_rows
-    if (small_left := _small(left_rows, ctx)) is not None and (
-            small_right := _small(right_rows, ctx)) is not None:
+    if (small_right := _small(right_rows, ctx)) is None:
+        return left_rows.join(right_rows, join_type=join_type, num_partitions=ctx.partitions,
+                              on=on)
+    if (small_left := _small(left_rows, ctx)) is not None:
         return as_dataset(_join_tables(small_left, small_right, join_type, list(on)))
-    return left_rows.join(right_rows, join_type=join_type, num_partitions=ctx.partitions,
-                          on=on)
+    return left_rows.map_batches(_join_tables, batch_size=None, batch_format="pyarrow",
+                                 fn_args=(small_right, join_type, list(on)))
 
 
 def _join_tables(left: pa.Table, right: pa.Table, join_type: str, on: list[str]
