@@ -123,6 +123,12 @@ class DriverDataset(HeldDataset):
         self.__dict__.update(held.__dict__, _held_state=True)
         return object.__getattribute__(self, name)
 
+    def __del__(self) -> None:
+        """Ray's `__del__` stops the dataset's executor, which reads its state: one never
+        made has none to stop (and reading it here would put the tables on their way out)."""
+        if "_held_state" in self.__dict__:
+            super().__del__()
+
     def materialize(self) -> DriverDataset:
         return self
 
