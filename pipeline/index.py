@@ -224,16 +224,22 @@ def _stored_digests(table: Any, key: str) -> pl.DataFrame:
 
 
 def _extend(base: Extendable, spec: TableSpec, data: pa.Table | pa.RecordBatchReader,
-            rows: int, dim: int, config: QueryConfig) -> dict[str, Any] | None:
+            rows: int, dim: int, config: QueryConfig, grown: bool = False
+            ) -> dict[str, Any] | None:
     """Extend the table of `base` to hold `data` (its rows in sort order): a new version
     without the rows whose digest no longer occurs and with the new ones, its indexes
-    extended; None where the rules above ask for a whole build (nothing written then)."""
+    extended; None where the rules above ask for a whole build (nothing written then).
+    `grown`: `data` is only the rows to add (a table that grows: its stored rows stay as
+    they are, so none is read to be compared)."""
     started = time.perf_counter()
     table = connect(base.folder).open_table(spec.name)
     table.checkout(base.version)
-    if base.appends >= MAX_APPENDS or HASH not in table.schema.names or not rows:
+    if base.appends >= MAX_APPENDS or HASH not in table.schema.names:
         return None
     stored = _stored_digests(table, spec.key)
+    rows += stored.height if grown else 0
+    if not rows:
+        return None
     budget = MAX_CHANGED_SHARE * rows
     added: list[pa.Table] = []
     matched: list[np.ndarray] = []
@@ -242,16 +248,19 @@ def _extend(base: Extendable, spec: TableSpec, data: pa.Table | pa.RecordBatchRe
         chunk = pa.Table.from_batches([batch])
         if _layout(chunk.schema) != _layout(table.schema):
             return None  # another layout (a newer tkg): built whole
-        found = pl.from_arrow(chunk.select([spec.key, HASH])).join(
-            stored, on=[spec.key, HASH], how="left", maintain_order="left")["row"]
-        fresh = found.is_null().to_arrow()
-        matched.append(found.drop_nulls().to_numpy())
-        added.append(chunk.filter(fresh))
+        if grown:
+            added.append(chunk)
+        else:
+            found = pl.from_arrow(chunk.select([spec.key, HASH])).join(
+                stored, on=[spec.key, HASH], how="left", maintain_order="left")["row"]
+            matched.append(found.drop_nulls().to_numpy())
+            added.append(chunk.filter(found.is_null().to_arrow()))
         changed += added[-1].num_rows
         if changed > budget:
             return None
     old = stored["row"].to_numpy()
-    gone = old[~np.isin(old, np.concatenate(matched) if matched else old[:0])]
+    gone = old[:0] if grown else old[~np.isin(old, np.concatenate(matched) if matched
+                                              else old[:0])]
     if changed + len(gone) > budget:
         return None
     table.restore()  # the version the previous snapshot reads becomes the latest
@@ -391,11 +400,14 @@ def build_indexes(snapshot: Location, dim: int, config: QueryConfig,
                   reused: Collection[str] = (),
                   files: Mapping[str, Sequence[Location]] | None = None,
                   chunk_rows: int = CHUNK_ROWS,
-                  bases: Mapping[str, Extendable] | None = None) -> dict[str, Any]:
+                  bases: Mapping[str, Extendable] | None = None,
+                  added: Mapping[str, Sequence[Location]] | None = None) -> dict[str, Any]:
     """Build `SNAPSHOT/lance/` from the snapshot's Parquet (its `files` per table, or
     `tables` given in memory, as the query benchmark does), except the `reused` tables
     kept from an earlier snapshot; a table with a base in `bases` is extended there instead
-    where it can be (`_extend`: its figures say `"extended": true`). Called by publish
+    where it can be (`_extend`: its figures say `"extended": true`); of a table that grows,
+    `added` names the files of the rows this snapshot adds (only those are read then).
+    Called by publish
     before the manifest is written, so a published snapshot always has its indexes. A
     table's Parquet streams through the driver `chunk_rows` rows at a time
     (`_sorted_chunks`). Every table's `table_arrays` go to this snapshot's folder. Returns
@@ -410,8 +422,10 @@ def build_indexes(snapshot: Location, dim: int, config: QueryConfig,
         base = (bases or {}).get(name)
         built = None
         if base is not None:
-            built = _extend(base, spec, *_source(snapshot, spec, dim, tables, files,
-                                                 chunk_rows), dim, config)
+            grown = name in (added or {})
+            built = _extend(base, spec, *_source(snapshot, spec, dim, tables,
+                                                 added if grown else files, chunk_rows),
+                            dim, config, grown)
         if built is None:
             built = _write_indexed(db, spec, *_source(snapshot, spec, dim, tables, files,
                                                       chunk_rows), dim, config)

@@ -358,7 +358,10 @@ def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter],
                 sum(storage.each(storage.parquet_rows,
                                  [storage.join(previous, f) for f in listed])))
     faults.hit("publish", "tables")
-    retrieval, lance, arrays = _indexes(snapshot, previous, kept, dim, query, files, extend)
+    added = {name: [f for f in files.get(name, []) if not f.startswith("../")]
+             for name in grown}  # (what this run wrote of a table that grows)
+    retrieval, lance, arrays = _indexes(snapshot, previous, kept, dim, query, files,
+                                        extend, added)
     faults.hit("publish", "indexes")
     runs_dir = storage.join(snapshot, "runs")
     write_empty(runs_dir, schema.RUNS)  # the catalog describe may open needs every view
@@ -388,12 +391,14 @@ def _erasures(previous: Location | None, manifest: Mapping[str, Any]) -> list[di
 
 
 def _indexes(snapshot: Location, previous: Location | None, kept: Sequence[str], dim: int,
-             query: QueryConfig, files: Mapping[str, Sequence[str]], extend: bool
+             query: QueryConfig, files: Mapping[str, Sequence[str]], extend: bool,
+             added: Mapping[str, Sequence[str]]
              ) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
     """Retrieval indexes of the snapshot, where each table lies (its LanceDB folder) and
     where its `table_arrays` lie, relative to the snapshot: a kept table's are the previous
     snapshot's, referenced; with `extend`, a table the previous snapshot reads at a known
-    version is extended there (`index.build_indexes`), its arrays written here."""
+    version is extended there (`index.build_indexes`; of a table that grows, with the rows
+    of this run's files, `added`), its arrays written here."""
     old = read_manifest(previous) if previous is not None and (kept or extend) else {}
     before, where = old.get("retrieval") or {}, lance_dirs(previous, old) if old else {}
     arrays_before = arrays_dirs(previous, old) if old else {}
@@ -406,7 +411,9 @@ def _indexes(snapshot: Location, previous: Location | None, kept: Sequence[str],
              and isinstance(figures, dict) and "version" in figures and "appends" in figures}
     sources = {name: [storage.join(snapshot, f) for f in listed]
                for name, listed in files.items()}
-    built = build_indexes(snapshot, dim, query, reused=set(reused), files=sources, bases=bases)
+    built = build_indexes(snapshot, dim, query, reused=set(reused), files=sources, bases=bases,
+                          added={name: [storage.join(snapshot, f) for f in listed]
+                                 for name, listed in added.items() if name in bases})
     for name, figures in built.items():
         if name == "seconds":
             continue
