@@ -338,6 +338,16 @@ NAME_MAP = pa.schema([
     ("group_id", pa.string()), ("normalized", pa.string()), ("entity_id", pa.string()),
 ])
 
+# The statements of keyed records (`extract.records.record_statements`): a version row per
+# record version (relation null) and a row per fact it states. Each run keeps its own, so
+# that a later run reads them instead of parsing every earlier extraction again.
+RECORD_STATEMENTS = pa.schema([
+    ("group_id", pa.string()), ("record", pa.string()), ("episode_id", pa.string()),
+    ("valid_at", TS), ("source_normalized", pa.string()),
+    ("target_normalized", pa.string()), ("relation", pa.string()),
+    ("tonight", pa.bool_()),  # from this run's extractions (else an earlier run's)
+])
+
 # Stage outputs under STORE/work/<run_id>/, by name (see pipeline.stages).
 WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "raw_episodes": lambda _dim: RAW_EPISODES,
@@ -358,6 +368,7 @@ WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "merged_facts": lambda _dim: MERGED_FACTS,
     "recomputed_subjects": lambda _dim: RECOMPUTED_SUBJECTS,
     "name_map": lambda _dim: NAME_MAP,
+    "record_statements": lambda _dim: RECORD_STATEMENTS,
     "episodes_embedded": episodes,
     "entities_embedded": entities,
     "facts_embedded": facts,

@@ -317,12 +317,7 @@ def record_text(content: str, max_items: int = 48) -> str:
 
 # One row per record version (relation null) and per edge a version states from the record
 # itself: the facts stage maps the names to entities and shuffles the rows by record.
-RECORD_STATEMENTS = pa.schema([
-    ("group_id", pa.string()), ("record", pa.string()), ("episode_id", pa.string()),
-    ("valid_at", schema.TS), ("source_normalized", pa.string()),
-    ("target_normalized", pa.string()), ("relation", pa.string()),
-    ("tonight", pa.bool_()),  # from this run's extractions (else an earlier run's)
-])
+RECORD_STATEMENTS = schema.RECORD_STATEMENTS
 RESOLVED_STATEMENTS = RECORD_STATEMENTS.append(pa.field("source_entity_id", pa.string())
                                                ).append(pa.field("target_entity_id", pa.string()))
 VERSION_ENDS = pa.schema([("edge_id", pa.string()), ("record_invalid_at", schema.TS),
