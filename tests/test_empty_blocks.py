@@ -109,6 +109,29 @@ def test_joins_with_an_empty_or_schemaless_side(ctx, join_type, left, right, exp
     assert out.count() == expected
 
 
+@pytest.mark.parametrize("join_type", ["inner", "left_outer", "left_anti"])
+def test_a_big_left_joined_with_a_small_right_in_a_broadcast(ctx, join_type):
+    """A right side that fits the driver against a left that does not: each left block is
+    joined with the whole right in a map (no shuffle), with the rows of a hash join."""
+    from tkg.pipeline.engine import join
+
+    left = pa.table({"group_id": ["g", "h"] * 500, "key": [f"k{i % 7}" for i in range(1000)],
+                     "value": list(range(1000))}, schema=KEYED)
+    right = pa.table({"group_id": ["g", "h", "g"], "key": ["k1", "k2", "k9"],
+                      "other": [10, 20, 30]})
+    blocks = [left.slice(start, 100) for start in range(0, 1000, 100)]
+    small = ctx.config.model_copy(update={"ray": ctx.config.ray.model_copy(
+        update={"driver_mb": 4096 / 2**20})})  # 4 KB: the right fits, the left (20 KB) not
+    broadcast = join(type(ctx)(**{**vars(ctx), "config": small}), _dataset(*blocks),
+                     _dataset(right), join_type, ("group_id", "key"))
+    expected = join(ctx, _dataset(*blocks), _dataset(right), join_type, ("group_id", "key"))
+    assert _rows(broadcast) == _rows(expected)
+    matched = sum((g, k) in {("g", "k1"), ("h", "k2")} for g, k in zip(
+        left["group_id"].to_pylist(), left["key"].to_pylist(), strict=True))
+    assert len(_rows(broadcast)) == {"inner": matched, "left_outer": 1000,
+                                     "left_anti": 1000 - matched}[join_type]
+
+
 def _facts(dim: int, edges: list[str], side: str) -> pa.Table:
     from tkg.pipeline import schema
 

@@ -366,3 +366,21 @@ def test_extended_retrieval_tables_answer_as_tables_built_whole(runs, tmp_path):
     assert sorted(first_rows.to_pylist()) == [
         row[0] for row in _rows(parts[0].snapshot, "SELECT episode_id FROM episodes")]
     assert len(first_rows) == len(RUNS[0])
+
+
+def test_clean_up_keeps_the_tables_a_kept_snapshot_extends(runs, tmp_path):
+    """`tkg gc --keep 0` removes every snapshot but CURRENT; the LanceDB tables CURRENT
+    reads lie in the folder of the snapshot that first built them, and stay."""
+    import shutil
+
+    from tkg.pipeline import reliability
+    from tkg.query import open as open_store
+
+    parts, _ = runs
+    copy = tmp_path / "store"
+    shutil.copytree(parts[-1].summary["store"], copy)
+    before = open_store(copy).search("Where does Daniel Okafor live?", GROUP).to_dict()
+    report = reliability.gc(copy, keep=0)
+    assert report.removed_snapshots and report.kept == ["run-4"]
+    after = open_store(copy).search("Where does Daniel Okafor live?", GROUP).to_dict()
+    assert after == before and after["facts"]
