@@ -268,12 +268,13 @@ def _changes(stored: pl.DataFrame, data: pa.Table | pa.RecordBatchReader, spec: 
     """The rows of `data` to add (their digest is not stored) and the stored `row` keys to
     delete (their digest no longer occurs); None past `budget` changed rows, or where
     `data` has another layout than the stored table (a newer tkg): built whole then."""
+    layout = _layout(table_schema)
     added: list[pa.Table] = []
     matched: list[np.ndarray] = []
     changed = 0
     for batch in (data.to_batches() if isinstance(data, pa.Table) else data):
         chunk = pa.Table.from_batches([batch])
-        if _layout(chunk.schema) != _layout(table_schema):
+        if _layout(chunk.schema) != layout:
             return None
         if grown:
             added.append(chunk)
@@ -290,9 +291,7 @@ def _changes(stored: pl.DataFrame, data: pa.Table | pa.RecordBatchReader, spec: 
                                               else old[:0])]
     if changed + len(gone) > budget:
         return None
-    target = _layout(table_schema)
-    empty = pa.schema([pa.field(n, t) for n, t in target]).empty_table()
-    return (pa.concat_tables(added) if added else empty), gone
+    return (pa.concat_tables(added) if added else table_schema.empty_table()), gone
 
 
 def _file_batches(location: Location, table_schema: pa.Schema,

@@ -67,10 +67,7 @@ def unit_vectors(table: Any, rows: int, keys: np.ndarray | None = None,
     Read by blocks of rows straight into their places: the table's vectors read whole, put
     in order and divided were three copies of them in the driver (735 MB for 160,000
     episodes), the peak of a night's publish."""
-    place = None
-    if keys is not None:
-        place = np.full(int(keys.max()) + 1 if len(keys) else 0, -1, dtype=np.int64)
-        place[keys] = np.arange(len(keys), dtype=np.int64)
+    place = None if keys is None else rows_of_keys(keys)
     unit = np.empty((rows, 0), dtype=np.float32)
     batches = table.search().select(["row", "vector"]).limit(max(rows, 1)).to_batches(block)
     for batch in batches:
@@ -82,6 +79,14 @@ def unit_vectors(table: Any, rows: int, keys: np.ndarray | None = None,
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         unit[at if place is None else place[at]] = vectors / np.where(norms > 0, norms, 1)
     return unit
+
+
+def rows_of_keys(keys: np.ndarray) -> np.ndarray:
+    """The row of each LanceDB `row` key (-1 where none), indexed by key: `keys` are the
+    keys of the rows in order (an extended table's are not its positions)."""
+    found = np.full(int(keys.max()) + 1 if len(keys) else 0, -1, dtype=np.int64)
+    found[keys] = np.arange(len(keys), dtype=np.int64)
+    return found
 
 
 def keeps_vectors(rows: int, smallest_group: int, config: QueryConfig) -> bool:

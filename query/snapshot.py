@@ -163,8 +163,7 @@ class Kind:
         keys = self.meta["row"].to_numpy() if self.meta.num_rows else None
         if keys is not None and not np.array_equal(keys, np.arange(len(keys))):
             self.keys = keys
-            self.rows_of_keys = np.full(int(keys.max()) + 1, -1, dtype=np.int64)
-            self.rows_of_keys[keys] = np.arange(len(keys), dtype=np.int64)
+            self.rows_of_keys = table_arrays.rows_of_keys(keys)
 
     def rows_of(self, keys: Sequence[int]) -> list[int]:
         """The rows of LanceDB `row` values (what a LanceDB search returns)."""
