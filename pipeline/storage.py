@@ -333,10 +333,29 @@ def each(function: Any, items: Sequence[Any]) -> list[Any]:
 
 def write_parquet(table: pa.Table, location: Location, config: StorageConfig | None = None,
                   **options: Any) -> None:
-    """One Parquet file (on an object store, visible once complete)."""
+    """One Parquet file (on an object store, visible once complete), its vectors plain
+    (`_plain_vectors`)."""
     fs, path = resolve(location, config)
     _parent(fs, path)
-    pq.write_table(table, path, filesystem=fs, **options)
+    pq.write_table(table, path, filesystem=fs, **_plain_vectors(table.schema, options))
+
+
+def _plain_vectors(table_schema: pa.Schema, options: dict[str, Any]) -> dict[str, Any]:
+    """`options` with vector columns (fixed-size lists) neither compressed nor dictionary
+    encoded: embeddings barely compress, and decoding them was most of every read of a
+    table that has them. The 160,000-episode synthetic store's facts (157,164 rows), text
+    zstd: written in 1.25 s and read in 1.32 s with the vectors zstd too, 0.60 and 0.75 s
+    with them plain; 263 MB on disk against 205 (synthetic vectors compress better than a
+    model's)."""
+    vectors = {f.name for f in table_schema if pa.types.is_fixed_size_list(f.type)}
+    if not vectors:
+        return options
+    codec = options.get("compression", "snappy")
+    if isinstance(codec, str):
+        options = {**options, "compression": {
+            f.name: "none" if f.name in vectors else codec for f in table_schema}}
+    options.setdefault("use_dictionary", [f.name for f in table_schema if f.name not in vectors])
+    return options
 
 
 def read_parquet(location: Location, columns: Sequence[str] | None = None,
