@@ -26,27 +26,35 @@ def versions_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dat
 
 def versions_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Shuffled by edge against the stored versions: an unchanged fact keeps its version; a
-    changed one closes the open version and appends the next."""
+    changed one closes the open version and appends the next; an edge neither new nor of a
+    rebuilt subject is kept as stored."""
     stored = previous_table(ctx, "facts")
     if stored is None:
         return versions_stage(ctx, inputs)
     new = inputs["facts_embedded"]
-    # Stored edges keep their versions as they are unless the facts stage passed them on
-    # (new or changed) or rebuilt their subject (rebuilt, or gone): only those meet in the
-    # shuffle. Which edges are carried is a join, on Ray Data when the store is big.
-    untouched = engine.join(ctx, engine.map(ctx, stored, open_versions),
-                            engine.map(ctx, inputs["recomputed_subjects"], only,
-                                       ["source_entity_id"]),
-                            "left_anti", ("source_entity_id",))
-    carried = engine.join(ctx, engine.map(ctx, untouched, only, ["edge_id"]),
-                          engine.map(ctx, new, only, ["edge_id"]),
-                          "left_anti", ("edge_id",)).materialize()
+    touched = _touched_edges(ctx, stored, new, inputs["recomputed_subjects"])
     both = engine.union(ctx, engine.map(ctx, new, _tag("new", ctx.dim)), engine.map(
-        ctx, engine.join(ctx, stored, carried, "left_anti", ("edge_id",)),
-        _tag("old", ctx.dim)))
+        ctx, engine.join(ctx, stored, touched, "inner", ("edge_id",)), _tag("old", ctx.dim)))
     versioned = engine.shuffle(ctx, both, ["edge_id"], facts.version_edges, ctx.created_at)
-    kept = engine.join(ctx, stored, carried, "inner", ("edge_id",))
+    kept = engine.join(ctx, stored, touched, "left_anti", ("edge_id",))
     return {"facts_versioned": engine.union(ctx, versioned, kept)}
+
+
+def _touched_edges(ctx: RunContext, stored: Dataset, new: Dataset, recomputed: Dataset
+                   ) -> Dataset:
+    """The edges that meet in the shuffle (edge_id, once each): those the facts stage passed
+    on (new or changed) and the open ones of the subjects it rebuilt (rebuilt, or gone).
+    Every other stored version is kept as it is. The stored table is joined with these few
+    ids, not with the ids of every edge it keeps (157,000 of them, twice, at 160,000
+    episodes)."""
+    rebuilt = engine.join(ctx, engine.map(ctx, engine.map(ctx, stored, open_versions), only,
+                                          ["edge_id", "source_entity_id"]),
+                          engine.map(ctx, recomputed, only, ["source_entity_id"]),
+                          "inner", ("source_entity_id",))
+    new_ids = engine.map(ctx, new, only, ["edge_id"])
+    others = engine.join(ctx, engine.map(ctx, rebuilt, only, ["edge_id"]), new_ids,
+                         "left_anti", ("edge_id",))
+    return engine.union(ctx, new_ids, others).materialize()
 
 
 STAGE = Stage("versions", ("facts_embedded", "recomputed_subjects"), ("facts_versioned",),
