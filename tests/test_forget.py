@@ -127,10 +127,10 @@ def small(ray_session, config, tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def corpus(ray_session, config, tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("forget-corpus")
-    build(config, [str(CORPUS)], root / "store", run_id="all")
-    return root / "store", root
+def corpus(corpus_build, tmp_path_factory) -> tuple[Path, Path]:
+    """The session's sample-corpus store (the same config and input; run ids are ignored),
+    copied before it is forgotten from: (store, folder for the copies)."""
+    return corpus_build.snapshot.parents[1], tmp_path_factory.mktemp("forget-corpus")
 
 
 def _forget_equals_build_without(config, built: tuple[Path, Path], records: list[dict],

@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 import sys
 import time
 from datetime import UTC, datetime
@@ -178,7 +179,15 @@ def _holding(answers: list[tuple[str, list[str]]], words: tuple[str, ...]) -> se
     return {w for text, _ in answers for w in words if w.lower() in text.lower()}
 
 
-def test_purge_leaves_no_canary_on_disk_or_in_any_answer(config, ray_session, tmp_path):
+@pytest.fixture(scope="module")
+def built_once(config, ray_session, tmp_path_factory) -> Path:
+    """KEPT + ERASED built once (run r1), a store each test copies before it forgets."""
+    root = tmp_path_factory.mktemp("forget-resumes")
+    build(config, [_write(root / "in", KEPT + ERASED)], root / "store", run_id="r1")
+    return root / "store"
+
+
+def test_purge_leaves_no_canary_on_disk_or_in_any_answer(config, built_once, tmp_path):
     """The canary scan of every file, and the same questions through every interface at
     several instants: both find the erased data before `forget --purge` and nothing after;
     an answer at a `known_at` before the erasure says erased data was removed."""
@@ -187,7 +196,7 @@ def test_purge_leaves_no_canary_on_disk_or_in_any_answer(config, ray_session, tm
     from tkg.query.serve import create_app
 
     store_dir = tmp_path / "store"
-    build(config, [_write(tmp_path / "in1", KEPT + ERASED)], store_dir, run_id="r1")
+    shutil.copytree(built_once, store_dir)  # run r1: KEPT + ERASED
     known = [datetime.now(UTC).isoformat()]  # what the store knew after each build
     build(config, [_write(tmp_path / "in2", LATER)], store_dir, run_id="r2")
     known.append(datetime.now(UTC).isoformat())
@@ -243,9 +252,9 @@ def test_a_build_and_a_forget_cannot_interleave(tmp_path):
 
 @pytest.mark.parametrize("fault", ["after_stage:forget_versions", "publish:indexes",
                                    "forget:published"])
-def test_a_killed_forget_resumes(config, ray_session, tmp_path, monkeypatch, fault):
+def test_a_killed_forget_resumes(config, built_once, tmp_path, monkeypatch, fault):
     store_dir = tmp_path / "store"
-    build(config, [_write(tmp_path / "in", KEPT + ERASED)], store_dir, run_id="r1")
+    shutil.copytree(built_once, store_dir)
     selector = fg.Selector(episodes=(("priv", "canary-ep-7f3a"),))
     monkeypatch.setenv(faults.ENV, fault)
     with pytest.raises(faults.InjectedCrash):
