@@ -211,6 +211,7 @@ class Extendable:
     folder: Location
     version: int
     appends: int
+    arrays: Location | None = None  # the `table_arrays` of that version (their LANCE dir)
 
 
 def _layout(table_schema: pa.Schema) -> list[tuple[str, pa.DataType]]:
@@ -443,9 +444,12 @@ def build_indexes(snapshot: Location, dim: int, config: QueryConfig,
         figures[name] = {**built, "extended": base is not None and "added" in built}
         table = connect(base.folder if figures[name]["extended"] else folder).open_table(name)
         table.checkout(built["version"])
-        # what an open derives, for it to map (`table_arrays`)
+        # what an open derives, for it to map (`table_arrays`); an extended table's kept
+        # rows have the unit vectors of the version it extends
+        earlier = (table_arrays.load(base.arrays, name) if figures[name]["extended"]
+                   and base is not None and base.arrays is not None else None)
         figures[name]["arrays_s"] = round(table_arrays.write(folder, table, name, config,
-                                                             spec.order), 3)
+                                                             spec.order, earlier), 3)
     figures["seconds"] = round(time.perf_counter() - started, 3)
     log.info("retrieval indexes built in %.1f s", figures["seconds"])
     return figures

@@ -61,16 +61,22 @@ def read_meta(table: Any, rows: int) -> pa.Table:
 
 
 def unit_vectors(table: Any, rows: int, keys: np.ndarray | None = None,
-                 block: int = 8_192) -> np.ndarray:
+                 earlier: Saved | None = None, block: int = 8_192) -> np.ndarray:
     """Every row's vector over its norm (a zero vector stays zero), float32, in row order,
     or in the order of `keys` (the `row` values of the rows, as `sorted_meta` gives them).
     Read by blocks of rows straight into their places: the table's vectors read whole, put
     in order and divided were three copies of them in the driver (735 MB for 160,000
-    episodes), the peak of a night's publish."""
+    episodes), the peak of a night's publish. With the `earlier` arrays of the version an
+    extension started from, the rows it kept (their keys) are copied from there and only
+    the others are read (`_kept_vectors`)."""
     place = None if keys is None else rows_of_keys(keys)
     unit = np.empty((rows, 0), dtype=np.float32)
-    batches = table.search().select(["row", "vector"]).limit(max(rows, 1)).to_batches(block)
-    for batch in batches:
+    scan = table.search().select(["row", "vector"]).limit(max(rows, 1))
+    if keys is not None and earlier is not None and (
+            kept := _kept_vectors(earlier, keys)) is not None:
+        unit, first_new = kept
+        scan = scan.where(f"row >= {first_new}", prefilter=True)  # (an int of ours)
+    for batch in scan.to_batches(block):
         vectors = batch.column("vector").flatten().to_numpy().reshape(batch.num_rows, -1)
         if unit.shape[1] != vectors.shape[1]:
             unit = np.empty((rows, vectors.shape[1]), dtype=np.float32)
@@ -79,6 +85,28 @@ def unit_vectors(table: Any, rows: int, keys: np.ndarray | None = None,
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         unit[at if place is None else place[at]] = vectors / np.where(norms > 0, norms, 1)
     return unit
+
+
+def _kept_vectors(earlier: Saved, keys: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """The unit vectors of the rows whose `keys` the `earlier` arrays hold, in place (the
+    other rows left to fill), and the first key they lack; None where they lack a key
+    below one they hold (an extension adds rows under keys above every kept one, and a
+    row's key never changes with it: a changed row is deleted and added) or kept no
+    vectors. The 160,000-episode night read 317,000 vectors from LanceDB to add 200."""
+    vectors = earlier.vectors()
+    if vectors is None:
+        return None
+    known = earlier.meta()["row"].to_numpy()
+    at = np.full(int(max(keys.max(initial=-1), known.max(initial=-1))) + 1, -1, np.int64)
+    at[known] = np.arange(len(known), dtype=np.int64)
+    found = at[keys]
+    have = found >= 0
+    first_new = int(keys[~have].min()) if not have.all() else int(keys.max(initial=-1)) + 1
+    if have.any() and int(keys[have].max()) >= first_new:
+        return None
+    unit = np.empty((len(keys), vectors.shape[1]), dtype=np.float32)
+    unit[have] = vectors[found[have]]
+    return unit, first_new
 
 
 def rows_of_keys(keys: np.ndarray) -> np.ndarray:
@@ -106,11 +134,12 @@ def positions(values: pa.ChunkedArray | pa.Array, keys: pa.Array) -> np.ndarray:
 
 
 def write(lance_dir: Location, table: Any, name: str, config: QueryConfig,
-          order: Sequence[str]) -> float:
+          order: Sequence[str], earlier: Saved | None = None) -> float:
     """Write what an open derives from LanceDB table `name`, into `lance_dir`, as the
     snapshot's query `config` asks; returns the seconds spent. It reads the table back
     (as checked out), so it is what an open would read; the rows go in `order` (the
-    table's sort keys), whatever order an extended table holds them in."""
+    table's sort keys), whatever order an extended table holds them in. `earlier`: the
+    arrays of the version an extended table started from (`unit_vectors`)."""
     started = time.perf_counter()
     rows = table.count_rows()
     if not rows:
@@ -127,7 +156,7 @@ def write(lance_dir: Location, table: Any, name: str, config: QueryConfig,
     if not np.any(np.diff(codes) < 0):  # (else an open keeps neither: rows not by group)
         sizes = np.bincount(codes[codes >= 0], minlength=len(groups))
         if keeps_vectors(rows, int(sizes.min()) if len(sizes) else 0, config):
-            vectors = unit_vectors(table, rows, meta["row"].to_numpy())
+            vectors = unit_vectors(table, rows, meta["row"].to_numpy(), earlier)
             _write_file(storage.join(target, VECTORS), lambda out: np.save(out, vectors))
             listed["vectors"] = VECTORS
         if keeps_postings(rows, config):
@@ -196,15 +225,16 @@ class Saved:
                 **{f: _read_npy(storage.join(self.where, files[f])) for f in POSTINGS}}
 
 
-def load(lance_dir: Location, name: str, rows: int) -> Saved | None:
+def load(lance_dir: Location, name: str, rows: int | None = None) -> Saved | None:
     """What publish wrote for table `name` of `lance_dir`, None where it wrote nothing
-    (a snapshot published before these files, or files of another table's size)."""
+    (a snapshot published before these files, or files of another table's size than
+    `rows`, where given)."""
     where = folder(lance_dir, name)
     try:
         listed = json.loads(storage.read_text(storage.join(where, INDEX)))
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return Saved(where, listed) if listed.get("rows") == rows else None
+    return Saved(where, listed) if rows is None or listed.get("rows") == rows else None
 
 
 def _read_npy(location: Location) -> np.ndarray:
