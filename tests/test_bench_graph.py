@@ -21,11 +21,12 @@ def test_generic_nouns_are_names_of_common_words_only(config):
 @pytest.mark.skipif(not (SHARED_DATA / "locomo10.json").is_file()
                     or not (SHARED_DATA / "chinook_fixture.json").is_file(),
                     reason="../shared/data is absent")
-def test_bench_graph_tiny(ray_session, config, tmp_path):
-    from tkg.jobs.bench.graph import bench_graph
+def test_bench_graph_tiny(ray_session, config, tmp_path_factory):
+    """The bench's build and figures (shared with tests/test_records_chinook.py)."""
+    from tests.graph_store import tiny_graph
 
-    figures = bench_graph(("locomo", "chinook"), SHARED_DATA, config=config,
-                          workdir=str(tmp_path), conversations=1, sessions=1)
+    figures = tiny_graph(config, tmp_path_factory)
+    assert figures["episodes"] > 0 and figures["build_seconds"] >= 0  # it built the store
     assert figures["parts"] == ["locomo", "chinook"]
     observed = figures["locomo_observations"]
     # conv-26's first session has 7 gold observations (Caroline 3, Melanie 4)

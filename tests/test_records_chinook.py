@@ -1,10 +1,12 @@
 """Business records mapped as records, on the Chinook sample store (../shared/data): its
-customers, employees and invoices built once, checked against the fixture's own keys."""
+customers, employees and invoices built once (in the store of the tiny graph bench,
+tests/graph_store.py, in a group of their own), checked against the fixture's own keys."""
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -16,16 +18,16 @@ pytestmark = pytest.mark.skipif(not FIXTURE.is_file(), reason="../shared/data is
 
 @pytest.fixture(scope="module")
 def chinook(ray_session, config, tmp_path_factory):
-    from tkg.jobs.bench.chinook import records_config, to_episodes
-    from tkg.pipeline.build import build
+    """The records and the build that holds them (records_config, as the bench builds)."""
+    from tkg.jobs.bench.chinook import to_episodes
+    from tkg.pipeline import store
+    from tkg.pipeline.build import BuildResult
 
-    from tests.converters import write_jsonl
+    from tests.graph_store import tiny_graph
 
-    records = to_episodes(FIXTURE)
-    folder = tmp_path_factory.mktemp("chinook")
-    inputs = write_jsonl(records, folder / "chinook.jsonl")
-    result = build(records_config(config), [str(inputs)], folder / "store")
-    return records, result
+    snapshot = store.current_snapshot(Path(tiny_graph(config, tmp_path_factory)["store"]))
+    result = BuildResult(summary=store.read_manifest(snapshot)["summary"], snapshot=snapshot)
+    return to_episodes(FIXTURE), result
 
 
 @pytest.fixture(scope="module")
