@@ -96,10 +96,7 @@ def _kept_vectors(earlier: Saved, keys: np.ndarray) -> tuple[np.ndarray, int] | 
     vectors = earlier.vectors()
     if vectors is None:
         return None
-    known = earlier.meta()["row"].to_numpy()
-    at = np.full(int(max(keys.max(initial=-1), known.max(initial=-1))) + 1, -1, np.int64)
-    at[known] = np.arange(len(known), dtype=np.int64)
-    found = at[keys]
+    found = _earlier_rows(earlier.meta()["row"].to_numpy(), keys)[1]
     have = found >= 0
     first_new = int(keys[~have].min()) if not have.all() else int(keys.max(initial=-1)) + 1
     if have.any() and int(keys[have].max()) >= first_new:
@@ -107,6 +104,27 @@ def _kept_vectors(earlier: Saved, keys: np.ndarray) -> tuple[np.ndarray, int] | 
     unit = np.empty((len(keys), vectors.shape[1]), dtype=np.float32)
     unit[have] = vectors[found[have]]
     return unit, first_new
+
+
+def _earlier_rows(known: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of tables whose rows have the keys `known` (earlier) and `keys` (now): the row now of
+    each earlier row and the earlier row of each row now, -1 where it has none."""
+    size = int(max(keys.max(initial=-1), known.max(initial=-1))) + 1
+    now, before = np.full(size, -1, np.int64), np.full(size, -1, np.int64)
+    now[keys] = np.arange(len(keys), dtype=np.int64)
+    before[known] = np.arange(len(known), dtype=np.int64)
+    return now[known], before[keys]
+
+
+def _postings(meta: pa.Table, codes: np.ndarray, earlier: Saved | None) -> Postings:
+    """The postings of the rows' texts: extended from the `earlier` ones where there are
+    (`Postings.extended`: only the rows they lack are tokenized), else built."""
+    saved = None if earlier is None else earlier.postings()
+    if saved is None:
+        return Postings.build(meta["text"], codes)
+    keys = meta["row"].to_numpy()
+    moved, found = _earlier_rows(earlier.meta()["row"].to_numpy(), keys)
+    return Postings.extended(saved, moved, meta["text"], np.flatnonzero(found < 0), codes)
 
 
 def rows_of_keys(keys: np.ndarray) -> np.ndarray:
@@ -139,7 +157,7 @@ def write(lance_dir: Location, table: Any, name: str, config: QueryConfig,
     snapshot's query `config` asks; returns the seconds spent. It reads the table back
     (as checked out), so it is what an open would read; the rows go in `order` (the
     table's sort keys), whatever order an extended table holds them in. `earlier`: the
-    arrays of the version an extended table started from (`unit_vectors`)."""
+    arrays of the version an extended table started from (`unit_vectors`, `_postings`)."""
     started = time.perf_counter()
     rows = table.count_rows()
     if not rows:
@@ -160,7 +178,7 @@ def write(lance_dir: Location, table: Any, name: str, config: QueryConfig,
             _write_file(storage.join(target, VECTORS), lambda out: np.save(out, vectors))
             listed["vectors"] = VECTORS
         if keeps_postings(rows, config):
-            listed["postings"] = _write_postings(target, Postings.build(meta["text"], codes))
+            listed["postings"] = _write_postings(target, _postings(meta, codes, earlier))
     storage.write_text(storage.join(target, INDEX), json.dumps(listed, sort_keys=True))
     return time.perf_counter() - started
 
