@@ -91,18 +91,21 @@ def _kept_vectors(earlier: Saved, keys: np.ndarray) -> tuple[np.ndarray, int] | 
     """The unit vectors of the rows whose `keys` the `earlier` arrays hold, in place (the
     other rows left to fill), and the first key they lack; None where they lack a key
     below one they hold (an extension adds rows under keys above every kept one, and a
-    row's key never changes with it: a changed row is deleted and added) or kept no
-    vectors. The 160,000-episode night read 317,000 vectors from LanceDB to add 200."""
+    row's key never changes with it: a changed row is deleted and added), hold none of
+    them, or kept no vectors. The 160,000-episode night read 317,000 vectors from LanceDB
+    to add 200."""
     vectors = earlier.vectors()
     if vectors is None:
         return None
     found = _earlier_rows(earlier.meta()["row"].to_numpy(), keys)[1]
     have = found >= 0
     first_new = int(keys[~have].min()) if not have.all() else int(keys.max(initial=-1)) + 1
-    if have.any() and int(keys[have].max()) >= first_new:
+    if not have.any() or int(keys[have].max()) >= first_new:
         return None
     unit = np.empty((len(keys), vectors.shape[1]), dtype=np.float32)
-    unit[have] = vectors[found[have]]
+    # one take into place (the rows lacking are filled after): a masked copy took 2.8 s of
+    # the 160,000-episode night's facts, the take 0.1 s
+    np.take(vectors, np.where(have, found, 0), axis=0, out=unit)
     return unit, first_new
 
 
