@@ -32,7 +32,7 @@ def versions_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Da
     if stored is None:
         return versions_stage(ctx, inputs)
     new = inputs["facts_embedded"]
-    touched = _touched_edges(ctx, stored, new, inputs["recomputed_subjects"])
+    touched = _touched_edges(ctx, new, inputs["recomputed_subjects"])
     both = engine.union(ctx, engine.map(ctx, new, _tag("new", ctx.dim)), engine.map(
         ctx, engine.join(ctx, stored, touched, "inner", ("edge_id",)), _tag("old", ctx.dim)))
     versioned = engine.shuffle(ctx, both, ["edge_id"], facts.version_edges, ctx.created_at)
@@ -40,14 +40,15 @@ def versions_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Da
     return {"facts_versioned": engine.union(ctx, versioned, kept)}
 
 
-def _touched_edges(ctx: RunContext, stored: Dataset, new: Dataset, recomputed: Dataset
-                   ) -> Dataset:
+def _touched_edges(ctx: RunContext, new: Dataset, recomputed: Dataset) -> Dataset:
     """The edges that meet in the shuffle (edge_id, once each): those the facts stage passed
     on (new or changed) and the open ones of the subjects it rebuilt (rebuilt, or gone).
     Every other stored version is kept as it is. The stored table is joined with these few
     ids, not with the ids of every edge it keeps (157,000 of them, twice, at 160,000
-    episodes)."""
-    rebuilt = engine.join(ctx, engine.map(ctx, engine.map(ctx, stored, open_versions), only,
+    episodes). The open edges are read without their vectors (with them, the filter of the
+    160,000-episode store's facts ran on Ray Data: 1.8 s)."""
+    edges = previous_table(ctx, "facts", ["edge_id", "source_entity_id", "expired_at"])
+    rebuilt = engine.join(ctx, engine.map(ctx, engine.map(ctx, edges, open_versions), only,
                                           ["edge_id", "source_entity_id"]),
                           engine.map(ctx, recomputed, only, ["source_entity_id"]),
                           "inner", ("source_entity_id",))
