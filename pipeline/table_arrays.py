@@ -166,7 +166,7 @@ def write(lance_dir: Location, table: Any, name: str, config: QueryConfig,
     if not rows:
         return 0.0  # (an open keeps nothing of an empty table)
     target = folder(lance_dir, name)
-    meta = sorted_meta(table, rows, order)
+    meta = sorted_meta(table, rows, order, earlier)
     _write_file(storage.join(target, META), lambda out: _write_ipc(out, meta))
     listed: dict[str, Any] = {"rows": rows, "meta": META}
     # codes of this table's own groups: their runs are those of the snapshot-wide codes an
@@ -186,16 +186,44 @@ def write(lance_dir: Location, table: Any, name: str, config: QueryConfig,
     return time.perf_counter() - started
 
 
-def sorted_meta(table: Any, rows: int, order: Sequence[str]) -> pa.Table:
+def sorted_meta(table: Any, rows: int, order: Sequence[str], earlier: Saved | None = None
+                ) -> pa.Table:
     """A LanceDB table's rows without their vectors and digests, in `order`; `row` holds
-    each row's key in the table (its position too, in a table built whole)."""
+    each row's key in the table (its position too, in a table built whole). With the
+    `earlier` arrays of the version an extension started from, the rows it kept come from
+    their meta (`_kept_meta`)."""
     names = [f.name for f in table.schema if f.name not in ("vector", HASH)]
-    data = table.search().select(names).limit(rows).to_arrow()
+    data = _kept_meta(table, rows, names, earlier) if earlier is not None else None
+    if data is None:
+        data = table.search().select(names).limit(rows).to_arrow()
     ranked = pc.sort_indices(data, sort_keys=[(c, "ascending") for c in order])
     keys = data["row"].to_numpy()
     if not np.array_equal(keys[ranked.to_numpy()], np.arange(rows, dtype=np.int64)):
         data = data.take(ranked)  # (a table built whole is scanned in order already)
     return data.combine_chunks()
+
+
+def _kept_meta(table: Any, rows: int, names: list[str], earlier: Saved) -> pa.Table | None:
+    """The rows of `earlier`'s meta whose keys the table still holds and the table's rows
+    under the keys above them (those an extension added), read alone: the meta of the
+    160,000-episode store's tables read whole took 1.2 s of a night's publish. None where
+    the earlier meta has other columns, or the table holds a key below the highest kept
+    one that the meta lacks."""
+    meta = earlier.meta()
+    if meta.column_names != names:
+        return None
+    keys = table.search().select(["row"]).limit(max(rows, 1)).to_arrow()["row"].to_numpy()
+    now, before = _earlier_rows(meta["row"].to_numpy(), keys)
+    kept = meta.take(pa.array(np.flatnonzero(now >= 0)))
+    lacking = keys[before < 0]
+    top = int(kept["row"].to_numpy().max(initial=-1))
+    if len(lacking) and int(lacking.min()) <= top:
+        return None
+    added = table.search().where(f"row > {top}", prefilter=True).select(names).limit(
+        max(rows, 1)).to_arrow()  # (an int of ours)
+    if kept.num_rows + added.num_rows != rows or added.schema != kept.schema:
+        return None
+    return pa.concat_tables([kept, added])
 
 
 def _write_postings(target: Location, postings: Postings) -> dict[str, str]:
