@@ -36,7 +36,7 @@ def _published_inputs(ctx: RunContext) -> dict[str, Dataset]:
     inputs = {}
     for name in STAGE.inputs:
         table = build.PUBLISH[name]
-        columns = communities.input_columns(schema.PUBLISHED[table](ctx.dim))
+        columns = STAGE.reads(schema.PUBLISHED[table](ctx.dim)) if STAGE.reads else None
         inputs[name] = read_parquet_files(store.table_files(ctx.previous, table), columns,
                                           driver_bytes)
     return inputs

@@ -122,8 +122,10 @@ def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Location],
     """One attempt at a stage: read its inputs (`given` ones as they are), run it, write its
     outputs; rows per output."""
     driver_bytes = engine.policy(ctx).driver_bytes
-    inputs = {name: given[name] if name in given else outputs.read([done[name]], driver_bytes)
-              for name in stage.inputs}
+    inputs = {name: given[name] if name in given else outputs.read(
+        [done[name]], driver_bytes,
+        stage.reads(schema.WORK_TABLES[name](ctx.dim)) if stage.reads else None)
+        for name in stage.inputs}
     inputs = faults.worker_inputs(stage.name, inputs, ctx.work_dir)
     faults.hit("stage_error", stage.name)
     results = stage.compute(ctx, inputs)

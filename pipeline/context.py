@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
+import pyarrow as pa
 from ray.data import Dataset
 from tkg.pipeline.config import TkgConfig
 
@@ -71,7 +72,8 @@ class Stage:
     """A step of the build. `run`: its full computation; `update`: its computation on top of
     the previous snapshot (incremental runs; none: `run` serves both), from the same domain
     functions; `state`: the previous snapshot's tables the stage reads (what it carries
-    between runs); `publishes`: which outputs become which published tables."""
+    between runs); `publishes`: which outputs become which published tables; `reads`: the
+    columns it reads of its inputs."""
 
     name: str
     inputs: tuple[str, ...]
@@ -81,6 +83,8 @@ class Stage:
     update: StageFn | None = None
     state: tuple[str, ...] = ()
     publishes: tuple[Publish, ...] = ()
+    # of each input, only the columns this names (from the input's schema); None: all
+    reads: Callable[[pa.Schema], list[str]] | None = None
 
     def compute(self, ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
         """`update` when the run builds on a snapshot and the stage has one, else `run`."""

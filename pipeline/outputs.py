@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,12 +29,14 @@ def part_files(folder: Location) -> list[str]:
     return storage.list_files(folder, suffixes={".parquet"})
 
 
-def read(folders: Iterable[Location], driver_bytes: int = 0) -> Dataset:
+def read(folders: Iterable[Location], driver_bytes: int = 0,
+         columns: Sequence[str] | None = None) -> Dataset:
     """Finished outputs as one dataset, loaded before the next stage starts: actor pools then
     never wait for CPU slots held by read tasks (a deadlock on small machines). Outputs that
-    fit `driver_bytes` are read by this process (`read_parquet_files`)."""
+    fit `driver_bytes` are read by this process (`read_parquet_files`). `columns`: only
+    these."""
     return read_parquet_files([f for folder in folders for f in part_files(folder)],
-                              driver_bytes=driver_bytes)
+                              columns, driver_bytes)
 
 
 def write(dataset: Dataset, target: Location, table_schema: pa.Schema) -> int:
