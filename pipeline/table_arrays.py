@@ -113,10 +113,7 @@ def _earlier_rows(known: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.n
     """Of tables whose rows have the keys `known` (earlier) and `keys` (now): the row now of
     each earlier row and the earlier row of each row now, -1 where it has none."""
     size = int(max(keys.max(initial=-1), known.max(initial=-1))) + 1
-    now, before = np.full(size, -1, np.int64), np.full(size, -1, np.int64)
-    now[keys] = np.arange(len(keys), dtype=np.int64)
-    before[known] = np.arange(len(known), dtype=np.int64)
-    return now[known], before[keys]
+    return rows_of_keys(keys, size)[known], rows_of_keys(known, size)[keys]
 
 
 def _postings(meta: pa.Table, codes: np.ndarray, earlier: Saved | None) -> Postings:
@@ -130,10 +127,12 @@ def _postings(meta: pa.Table, codes: np.ndarray, earlier: Saved | None) -> Posti
     return Postings.extended(saved, moved, meta["text"], np.flatnonzero(found < 0), codes)
 
 
-def rows_of_keys(keys: np.ndarray) -> np.ndarray:
-    """The row of each LanceDB `row` key (-1 where none), indexed by key: `keys` are the
-    keys of the rows in order (an extended table's are not its positions)."""
-    found = np.full(int(keys.max()) + 1 if len(keys) else 0, -1, dtype=np.int64)
+def rows_of_keys(keys: np.ndarray, size: int | None = None) -> np.ndarray:
+    """The row of each LanceDB `row` key (-1 where none), indexed by key up to `size` (by
+    default the largest key): `keys` are the keys of the rows in order (an extended
+    table's are not its positions)."""
+    size = int(keys.max(initial=-1)) + 1 if size is None else size
+    found = np.full(size, -1, dtype=np.int64)
     found[keys] = np.arange(len(keys), dtype=np.int64)
     return found
 
