@@ -61,7 +61,7 @@ def read_meta(table: Any, rows: int) -> pa.Table:
 
 
 def unit_vectors(table: Any, rows: int, keys: np.ndarray | None = None,
-                 earlier: Saved | None = None, block: int = 8_192) -> np.ndarray:
+                 earlier: Earlier | None = None, block: int = 8_192) -> np.ndarray:
     """Every row's vector over its norm (a zero vector stays zero), float32, in row order,
     or in the order of `keys` (the `row` values of the rows, as `sorted_meta` gives them).
     Read by blocks of rows straight into their places: the table's vectors read whole, put
@@ -87,17 +87,17 @@ def unit_vectors(table: Any, rows: int, keys: np.ndarray | None = None,
     return unit
 
 
-def _kept_vectors(earlier: Saved, keys: np.ndarray) -> tuple[np.ndarray, int] | None:
+def _kept_vectors(earlier: Earlier, keys: np.ndarray) -> tuple[np.ndarray, int] | None:
     """The unit vectors of the rows whose `keys` the `earlier` arrays hold, in place (the
     other rows left to fill), and the first key they lack; None where they lack a key
     below one they hold (an extension adds rows under keys above every kept one, and a
     row's key never changes with it: a changed row is deleted and added), hold none of
     them, or kept no vectors. The 160,000-episode night read 317,000 vectors from LanceDB
     to add 200."""
-    vectors = earlier.vectors(mapped=False)
+    vectors = earlier.saved.vectors(mapped=False)
     if vectors is None:
         return None
-    found = _earlier_rows(earlier.meta()["row"].to_numpy(), keys)[1]
+    found = earlier.found
     have = found >= 0
     first_new = int(keys[~have].min()) if not have.all() else int(keys.max(initial=-1)) + 1
     if not have.any() or int(keys[have].max()) >= first_new:
@@ -116,15 +116,25 @@ def _earlier_rows(known: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.n
     return rows_of_keys(keys, size)[known], rows_of_keys(known, size)[keys]
 
 
-def _postings(meta: pa.Table, codes: np.ndarray, earlier: Saved | None) -> Postings:
+def _postings(meta: pa.Table, codes: np.ndarray, earlier: Earlier | None) -> Postings:
     """The postings of the rows' texts: extended from the `earlier` ones where there are
     (`Postings.extended`: only the rows they lack are tokenized), else built."""
-    saved = None if earlier is None else earlier.postings()
-    if saved is None:
+    saved = None if earlier is None else earlier.saved.postings()
+    if earlier is None or saved is None:
         return Postings.build(meta["text"], codes)
-    keys = meta["row"].to_numpy()
-    moved, found = _earlier_rows(earlier.meta()["row"].to_numpy(), keys)
-    return Postings.extended(saved, moved, meta["text"], np.flatnonzero(found < 0), codes)
+    return Postings.extended(saved, earlier.moved, meta["text"],
+                             np.flatnonzero(earlier.found < 0), codes)
+
+
+@dataclass
+class Earlier:
+    """The arrays of the version an extension started from (`saved`), matched once with
+    the rows now: the row now of each earlier row (`moved`) and the earlier row of each row
+    now (`found`), -1 where it has none."""
+
+    saved: Saved
+    moved: np.ndarray
+    found: np.ndarray
 
 
 def rows_of_keys(keys: np.ndarray, size: int | None = None) -> np.ndarray:
@@ -165,7 +175,10 @@ def write(lance_dir: Location, table: Any, name: str, config: QueryConfig,
     if not rows:
         return 0.0  # (an open keeps nothing of an empty table)
     target = folder(lance_dir, name)
-    meta = sorted_meta(table, rows, order, earlier)
+    known = None if earlier is None else earlier.meta()  # (read once: on S3 a GET)
+    meta = sorted_meta(table, rows, order, known)
+    matched = None if earlier is None else Earlier(
+        earlier, *_earlier_rows(known["row"].to_numpy(), meta["row"].to_numpy()))
     _write_file(storage.join(target, META), lambda out: _write_ipc(out, meta))
     listed: dict[str, Any] = {"rows": rows, "meta": META}
     # codes of this table's own groups: their runs are those of the snapshot-wide codes an
@@ -176,21 +189,21 @@ def write(lance_dir: Location, table: Any, name: str, config: QueryConfig,
     if not np.any(np.diff(codes) < 0):  # (else an open keeps neither: rows not by group)
         sizes = np.bincount(codes[codes >= 0], minlength=len(groups))
         if keeps_vectors(rows, int(sizes.min()) if len(sizes) else 0, config):
-            vectors = unit_vectors(table, rows, meta["row"].to_numpy(), earlier)
+            vectors = unit_vectors(table, rows, meta["row"].to_numpy(), matched)
             _write_file(storage.join(target, VECTORS), lambda out: np.save(out, vectors))
             listed["vectors"] = VECTORS
         if keeps_postings(rows, config):
-            listed["postings"] = _write_postings(target, _postings(meta, codes, earlier))
+            listed["postings"] = _write_postings(target, _postings(meta, codes, matched))
     storage.write_text(storage.join(target, INDEX), json.dumps(listed, sort_keys=True))
     return time.perf_counter() - started
 
 
-def sorted_meta(table: Any, rows: int, order: Sequence[str], earlier: Saved | None = None
+def sorted_meta(table: Any, rows: int, order: Sequence[str], earlier: pa.Table | None = None
                 ) -> pa.Table:
     """A LanceDB table's rows without their vectors and digests, in `order`; `row` holds
     each row's key in the table (its position too, in a table built whole). With the
-    `earlier` arrays of the version an extension started from, the rows it kept come from
-    their meta (`_kept_meta`)."""
+    `earlier` meta of the version an extension started from, the rows it kept come from
+    there (`_kept_meta`)."""
     names = [f.name for f in table.schema if f.name not in ("vector", HASH)]
     data = _kept_meta(table, rows, names, earlier) if earlier is not None else None
     if data is None:
@@ -202,13 +215,12 @@ def sorted_meta(table: Any, rows: int, order: Sequence[str], earlier: Saved | No
     return data.combine_chunks()
 
 
-def _kept_meta(table: Any, rows: int, names: list[str], earlier: Saved) -> pa.Table | None:
-    """The rows of `earlier`'s meta whose keys the table still holds and the table's rows
+def _kept_meta(table: Any, rows: int, names: list[str], meta: pa.Table) -> pa.Table | None:
+    """The rows of the earlier `meta` whose keys the table still holds and the table's rows
     under the keys above them (those an extension added), read alone: the meta of the
     160,000-episode store's tables read whole took 1.2 s of a night's publish. None where
     the earlier meta has other columns, or the table holds a key below the highest kept
     one that the meta lacks."""
-    meta = earlier.meta()
     if meta.column_names != names:
         return None
     keys = table.search().select(["row"]).limit(max(rows, 1)).to_arrow()["row"].to_numpy()
