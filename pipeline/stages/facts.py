@@ -108,8 +108,13 @@ def _with_earlier(ctx: RunContext, statements: Dataset, earlier: Dataset | None,
     if earlier is None:
         return statements
     if records_of is not None:
-        earlier = engine.map(ctx, earlier, in_set("record", records_of, group_column="group_id"))
+        earlier = _of_records(ctx, earlier, records_of)
     return engine.union(ctx, statements, earlier)
+
+
+def _of_records(ctx: RunContext, statements: Dataset, keys: set[str]) -> Dataset:
+    """The `statements` of the records whose (group, record) `name_keys` are `keys`."""
+    return engine.map(ctx, statements, in_set("record", keys, group_column="group_id"))
 
 
 def _record_keys(ctx: RunContext, statements: Dataset) -> set[str]:
@@ -258,8 +263,7 @@ class RecordEnds:
         others = names - self.restated
         if self.earlier is None or not others:
             return self.tonight
-        more = engine.nonempty(engine.map(self.ctx, self.earlier, in_set(
-            "record", others, group_column="group_id")))
+        more = engine.nonempty(_of_records(self.ctx, self.earlier, others))
         if more is None:
             return self.tonight
         return engine.union(self.ctx, self.tonight,
