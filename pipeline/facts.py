@@ -120,10 +120,7 @@ def fact_mentions(extractions: pa.Table) -> pa.Table:
         return pc.struct_field(facts, name) if found else pa.nulls(len(facts), kind)
 
     raw_source, raw_target = (pc.fill_null(field(n, pa.string()), "") for n in ("source", "target"))
-    names = pc.unique(pa.concat_arrays([raw_source, raw_target]))
-    normal = pa.array([normalize_name(n) for n in names.to_pylist()], pa.string())
-    source, target = (pc.take(normal, pc.index_in(raw, value_set=names))
-                      for raw in (raw_source, raw_target))
+    source, target = _normalized(raw_source, raw_target)
     invalid_at = field("invalid_at", schema.TS).cast(schema.TS)
     undated = pc.fill_null(field("undated", pa.bool_()), False)
     # a fact's own valid time; else its episode's, unless it ended or is undated
@@ -144,6 +141,23 @@ def fact_mentions(extractions: pa.Table) -> pa.Table:
     # source == target: a fact about one entity; an empty name: no endpoint
     keep = pc.and_(pc.not_equal(source, ""), pc.not_equal(target, ""))
     return rows.filter(keep).cast(schema.FACT_MENTIONS)
+
+
+def _normalized(*raw: pa.Array) -> tuple[pa.Array, ...]:
+    """Each array of raw names normalized, each distinct name once."""
+    names = pc.unique(pa.concat_arrays(list(raw)))
+    normal = pa.array([normalize_name(n) for n in names.to_pylist()], pa.string())
+    return tuple(pc.take(normal, pc.index_in(r, value_set=names)) for r in raw)
+
+
+def fact_subjects(extractions: pa.Table) -> tuple[pa.Array, pa.Array]:
+    """The row of `extractions` and the normalized subject (source) name of each extracted
+    fact: what `fact_mentions` finds of subjects, without the rest of the fact."""
+    lists = extractions["facts"].combine_chunks()
+    facts = pc.list_flatten(lists)
+    raw = (pc.fill_null(pc.struct_field(facts, "source"), "")
+           if facts.type.get_field_index("source") >= 0 else pa.nulls(len(facts), pa.string()))
+    return pc.list_parent_indices(lists), _normalized(raw)[0]
 
 
 def fact_rows(mentions: pa.Table, config: FactsConfig) -> pa.Table:

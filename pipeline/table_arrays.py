@@ -104,8 +104,9 @@ def _kept_vectors(earlier: Earlier, keys: np.ndarray) -> tuple[np.ndarray, int] 
         return None
     unit = np.empty((len(keys), vectors.shape[1]), dtype=np.float32)
     # one take into place (the rows lacking are filled after): a masked copy took 2.8 s of
-    # the 160,000-episode night's facts, the take 0.1 s
-    np.take(vectors, np.where(have, found, 0), axis=0, out=unit)
+    # the 160,000-episode night's facts. `mode="clip"` (the rows are all in range): with
+    # the default "raise" numpy buffers `out`, 0.58 s for those 240 MB against 0.05 s
+    np.take(vectors, np.where(have, found, 0), axis=0, out=unit, mode="clip")
     return unit, first_new
 
 

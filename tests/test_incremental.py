@@ -258,11 +258,12 @@ def test_the_nights_reads_of_stored_extractions_keep_every_fact_and_record():
     """What a night maps over every stored extraction, column by column: `fact_mentions`
     (an episode's time where a fact has none, unless it ended or is undated; a key name
     where the text calls the target by one; no row without both names; an older
-    extraction without the newer fields) and the pass before `record_statements`, which
-    keeps every extraction whose statements it would give."""
+    extraction without the newer fields), the pass before `record_statements`, which
+    keeps every extraction whose statements it would give, and the one before a rebuilt
+    subject's mentions (`_with_subjects`)."""
     from tkg.pipeline.extract import records
     from tkg.pipeline.facts import fact_mentions
-    from tkg.pipeline.stages.facts import _maybe_records
+    from tkg.pipeline.stages.facts import _maybe_records, _with_subjects
 
     day, end = datetime.fromisoformat("2024-01-01T00:00:00+00:00"), datetime.fromisoformat(
         "2024-05-01T00:00:00+00:00")
@@ -288,6 +289,14 @@ def test_the_nights_reads_of_stored_extractions_keep_every_fact_and_record():
                                                "fact": "A r B", "valid_at": None,
                                                "invalid_at": None}]])})
     assert fact_mentions(older)["valid_at"].to_pylist() == [day]
+    # the pass before a rebuilt subject's mentions: the extractions with a fact of one
+    both = pa.Table.from_pylist([*rows, {"episode_id": "e4", "group_id": "other",
+                                         "valid_at": day, "facts": [fact()]}],
+                                schema=schema.EXTRACTIONS)
+    acme = pa.array([f"{GROUP}\x1facme"], pa.string())
+    assert _with_subjects(both, acme)["episode_id"].to_pylist() == ["e1"]
+    assert _with_subjects(older, pa.array(["g\x1fa"]))["episode_id"].to_pylist() == []
+    assert _with_subjects(older.drop_columns(["facts"]), acme).num_rows == 1
 
     def entity(attributes: str | None) -> dict:
         return {"name": "n", "label": "l", "attributes": attributes}
