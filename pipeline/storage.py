@@ -199,6 +199,13 @@ def write_bytes(location: str | Path, data: bytes, config: StorageConfig | None 
         handle.write(data)
 
 
+def input_file(location: str | Path, config: StorageConfig | None = None) -> pa.NativeFile:
+    """A file or object to read at any offset (`read_at`): on S3 each read is a ranged
+    GET."""
+    fs, path = resolve(location, config)
+    return fs.open_input_file(path)
+
+
 def output_stream(location: str | Path, config: StorageConfig | None = None) -> pa.NativeFile:
     """A file or object to write as a stream (its folder made locally); on S3 it becomes
     visible when the stream closes."""

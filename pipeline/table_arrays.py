@@ -61,53 +61,117 @@ def read_meta(table: Any, rows: int) -> pa.Table:
 
 
 def unit_vectors(table: Any, rows: int, keys: np.ndarray | None = None,
-                 earlier: Earlier | None = None, block: int = 8_192) -> np.ndarray:
+                 block: int = 8_192) -> np.ndarray:
     """Every row's vector over its norm (a zero vector stays zero), float32, in row order,
     or in the order of `keys` (the `row` values of the rows, as `sorted_meta` gives them).
     Read by blocks of rows straight into their places: the table's vectors read whole, put
     in order and divided were three copies of them in the driver (735 MB for 160,000
-    episodes), the peak of a night's publish. With the `earlier` arrays of the version an
-    extension started from, the rows it kept (their keys) are copied from there and only
-    the others are read (`_kept_vectors`)."""
+    episodes), the peak of a night's publish."""
     place = None if keys is None else rows_of_keys(keys)
     unit = np.empty((rows, 0), dtype=np.float32)
     scan = table.search().select(["row", "vector"]).limit(max(rows, 1))
-    if keys is not None and earlier is not None and (
-            kept := _kept_vectors(earlier, keys)) is not None:
-        unit, first_new = kept
-        scan = scan.where(f"row >= {first_new}", prefilter=True)  # (an int of ours)
     for batch in scan.to_batches(block):
-        vectors = batch.column("vector").flatten().to_numpy().reshape(batch.num_rows, -1)
+        at, vectors = _unit_batch(batch)
         if unit.shape[1] != vectors.shape[1]:
             unit = np.empty((rows, vectors.shape[1]), dtype=np.float32)
-        at = batch.column("row").to_numpy()
-        # (the same arithmetic row by row, whatever the blocks)
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        unit[at if place is None else place[at]] = vectors / np.where(norms > 0, norms, 1)
+        unit[at if place is None else place[at]] = vectors
     return unit
 
 
-def _kept_vectors(earlier: Earlier, keys: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """The unit vectors of the rows whose `keys` the `earlier` arrays hold, in place (the
-    other rows left to fill), and the first key they lack; None where they lack a key
-    below one they hold (an extension adds rows under keys above every kept one, and a
-    row's key never changes with it: a changed row is deleted and added), hold none of
-    them, or kept no vectors. The 160,000-episode night read 317,000 vectors from LanceDB
-    to add 200."""
-    vectors = earlier.saved.vectors(mapped=False)
-    if vectors is None:
-        return None
-    found = earlier.found
-    have = found >= 0
+def _unit_batch(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
+    """The `row` keys of a batch and its vectors over their norms (the same arithmetic row
+    by row, whatever the blocks)."""
+    vectors = batch.column("vector").flatten().to_numpy().reshape(batch.num_rows, -1)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return batch.column("row").to_numpy(), vectors / np.where(norms > 0, norms, 1)
+
+
+def _write_vectors(location: Location, table: Any, keys: np.ndarray,
+                   earlier: Earlier | None) -> None:
+    """`unit_vectors` in the order of `keys`, written as a `.npy` file: with the `earlier`
+    arrays of the version an extension started from, streamed (`_extended_vectors`)."""
+    extended = None if earlier is None else _extended_vectors(table, keys, earlier)
+    if extended is None:
+        vectors = unit_vectors(table, len(keys), keys)
+        _write_file(location, lambda out: np.save(out, vectors))
+    else:
+        _write_file(location, extended)
+
+
+def _extended_vectors(table: Any, keys: np.ndarray, earlier: Earlier, chunk: int = 16_384
+                      ) -> Callable[[Any], None] | None:
+    """A writer of the unit vectors of rows `keys`: the rows the `earlier` arrays hold
+    copied from their file a chunk of rows at a time (kept rows keep their order, so each
+    chunk's are one run of the earlier file), the others (the keys an extension added,
+    above every kept one) read from LanceDB. None where the earlier arrays kept no
+    vectors, hold none of the rows, lack a key below one they hold, or differ in width.
+    Loading the earlier vectors and taking them into a new array were 1.3 s and 480 MB
+    of the driver (two tables of 240 MB) in the 160,000-episode night's publish."""
+    name = earlier.saved.listed.get("vectors")
+    found, have = earlier.found, earlier.found >= 0
     first_new = int(keys[~have].min()) if not have.all() else int(keys.max(initial=-1)) + 1
-    if not have.any() or int(keys[have].max()) >= first_new:
+    if name is None or not have.any() or int(keys[have].max()) >= first_new:
         return None
-    unit = np.empty((len(keys), vectors.shape[1]), dtype=np.float32)
-    # one take into place (the rows lacking are filled after): a masked copy took 2.8 s of
-    # the 160,000-episode night's facts. `mode="clip"` (the rows are all in range): with
-    # the default "raise" numpy buffers `out`, 0.58 s for those 240 MB against 0.05 s
-    np.take(vectors, np.where(have, found, 0), axis=0, out=unit, mode="clip")
-    return unit, first_new
+    source = storage.join(earlier.saved.where, name)
+    with storage.input_file(source) as handle:
+        shape, offset = _npy_layout(handle)
+    added_at, added = _added_vectors(table, keys, first_new, shape[1])
+    if added is None:
+        return None
+    rows = len(keys)
+
+    def write(out: Any) -> None:
+        np.lib.format.write_array_header_1_0(out, {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
+            "fortran_order": False, "shape": (rows, shape[1])})
+        width = shape[1] * 4
+        with storage.input_file(source) as handle:
+            for start in range(0, rows, chunk):
+                end = min(start + chunk, rows)
+                part = np.empty((end - start, shape[1]), dtype=np.float32)
+                taken = found[start:end]
+                kept = taken >= 0
+                if kept.any():
+                    low, high = int(taken[kept][0]), int(taken[kept][-1]) + 1
+                    run = np.frombuffer(handle.read_at((high - low) * width,
+                                                       offset + low * width),
+                                        dtype=np.float32).reshape(high - low, -1)
+                    part[kept] = run[taken[kept] - low]
+                lacking = np.flatnonzero(~kept)
+                part[lacking] = added[added_at[start + lacking]]
+                out.write(part.tobytes())
+
+    return write
+
+
+def _added_vectors(table: Any, keys: np.ndarray, first_new: int, width: int
+                   ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The unit vectors of the rows under keys from `first_new` up (an extension's), read
+    from LanceDB, and for each row now its place among them; None where their width is
+    not `width`."""
+    lacking = keys >= first_new
+    at = np.full(len(keys), -1, dtype=np.int64)
+    at[lacking] = np.arange(int(lacking.sum()), dtype=np.int64)
+    place = rows_of_keys(keys[lacking] - first_new)
+    added = np.empty((int(lacking.sum()), width), dtype=np.float32)
+    scan = table.search().where(f"row >= {first_new}", prefilter=True).select(
+        ["row", "vector"]).limit(max(len(keys), 1))  # (an int of ours)
+    for batch in scan.to_batches(8_192):
+        row, vectors = _unit_batch(batch)
+        if vectors.shape[1] != width:
+            return at, None
+        added[place[row - first_new]] = vectors
+    return at, added
+
+
+def _npy_layout(handle: Any) -> tuple[tuple[int, ...], int]:
+    """The shape of a float32 `.npy` file's C-ordered array and where its data begins."""
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}[np.lib.format.read_magic(handle)]
+    shape, fortran, dtype = read_header(handle)
+    if fortran or dtype != np.dtype(np.float32) or len(shape) != 2:
+        raise ValueError(f"not the unit vectors publish writes: {shape} {dtype}")
+    return shape, handle.tell()
 
 
 def _earlier_rows(known: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -190,8 +254,8 @@ def write(lance_dir: Location, table: Any, name: str, config: QueryConfig,
     if not np.any(np.diff(codes) < 0):  # (else an open keeps neither: rows not by group)
         sizes = np.bincount(codes[codes >= 0], minlength=len(groups))
         if keeps_vectors(rows, int(sizes.min()) if len(sizes) else 0, config):
-            vectors = unit_vectors(table, rows, meta["row"].to_numpy(), matched)
-            _write_file(storage.join(target, VECTORS), lambda out: np.save(out, vectors))
+            _write_vectors(storage.join(target, VECTORS), table, meta["row"].to_numpy(),
+                           matched)
             listed["vectors"] = VECTORS
         if keeps_postings(rows, config):
             listed["postings"] = _write_postings(target, _postings(meta, codes, matched))
@@ -272,12 +336,10 @@ class Saved:
     def meta(self) -> pa.Table:
         return _read_ipc(storage.join(self.where, self.listed["meta"]))
 
-    def vectors(self, mapped: bool = True) -> np.ndarray | None:
-        """The unit vectors, memory-mapped where local (`mapped`: a query process), else
-        read whole: one read of a publish's earlier arrays took 0.05 s where taking their
-        rows through the map's page faults took 1.8 s (240 MB)."""
+    def vectors(self) -> np.ndarray | None:
+        """The unit vectors, memory-mapped where local (a query process)."""
         name = self.listed.get("vectors")
-        return _read_npy(storage.join(self.where, name), mapped) if name else None
+        return _read_npy(storage.join(self.where, name)) if name else None
 
     def postings(self) -> dict[str, Any] | None:
         """`Postings`' fields, or None where publish did not build them."""
@@ -301,11 +363,9 @@ def load(lance_dir: Location, name: str, rows: int | None = None) -> Saved | Non
     return Saved(where, listed) if rows is None or listed.get("rows") == rows else None
 
 
-def _read_npy(location: Location, mapped: bool = True) -> np.ndarray:
+def _read_npy(location: Location) -> np.ndarray:
     if storage.is_url(location):
         return np.load(io.BytesIO(storage.read_bytes(location)))
-    if not mapped:
-        return np.load(location)
     # (a read-only view of the page cache, shared by every process that maps the file)
     return np.asarray(np.load(location, mmap_mode="r"))
 

@@ -126,14 +126,25 @@ def _saved(lance: Path, name: str) -> dict[str, Any]:
             [np.array(postings[f]) for f in ("lengths", "documents", "average_length")]}
 
 
-def test_arrays_of_an_extended_table_are_those_read_whole(tmp_path):
+def test_arrays_of_an_extended_table_are_those_read_whole(tmp_path, monkeypatch):
     """A publish that extends a table starts its arrays from those of the version it
     extends (kept rows' meta, unit vectors and postings; only added rows read and
     tokenized): the same rows, the same vector bits and, term by term, the same postings
-    as arrays written from the whole extended table."""
+    as arrays written from the whole extended table. The kept vectors are streamed from
+    the earlier file in chunks of rows (here of 5, so that chunks hold kept and added
+    rows alike)."""
     import pyarrow as pa
     from tkg.pipeline.index import Extendable, build_indexes
 
+    streamed = []
+    extended_vectors = table_arrays._extended_vectors
+
+    def in_small_chunks(table, keys, earlier, chunk=5):
+        writer = extended_vectors(table, keys, earlier, chunk)
+        streamed.append(writer is not None)
+        return writer
+
+    monkeypatch.setattr(table_arrays, "_extended_vectors", in_small_chunks)
     config = QueryConfig(ann_min_rows=10**9)
     tables, _ = _synthetic(tmp_path / "a", config)
     first = store.current_snapshot(tmp_path / "a")
@@ -152,6 +163,7 @@ def test_arrays_of_an_extended_table_are_those_read_whole(tmp_path):
                               int(figures[name]["appends"]), first / "lance")
              for name in changed}
     built = build_indexes(second, 32, config, tables={**tables, **changed}, bases=bases)
+    assert streamed == [True] * len(changed)
     for name in changed:
         assert built[name]["extended"] and built[name]["added"] == 7, (name, built[name])
         table = connect(first / "lance").open_table(name)
