@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 import ray.data
 from ray.data import Dataset
@@ -321,9 +322,14 @@ def _join_tables(left: pa.Table, right: pa.Table, join_type: str, on: list[str]
                  ) -> pa.Table:
     """`join` of two tables on the driver: the keys matched by polars, the rows taken by
     Arrow (Arrow's own join refuses list columns, which facts and entities carry); left
-    columns, then the right's others, as Ray's join gives them."""
+    columns, then the right's others, as Ray's join gives them. A right side bigger than
+    the left is first cut to the rows whose first key the left holds: taking a few rows of
+    a many-chunked table (the stored facts' vectors, read file by file) concatenated every
+    chunk first (0.68 s of the 160,000-episode night's embed, for 4,839 rows)."""
     import polars as pl
 
+    if right.num_rows > left.num_rows:
+        right = _with_keys_of(right, left, on[0])
     keys_left = pl.from_arrow(left.select(on)).with_row_index("_left")
     keys_right = pl.from_arrow(right.select(on)).with_row_index("_right")
     if join_type == "left_anti":
@@ -336,6 +342,16 @@ def _join_tables(left: pa.Table, right: pa.Table, join_type: str, on: list[str]
     for name, column in zip(others.column_names, others.columns, strict=True):
         out = out.append_column(name, column)
     return out
+
+
+def _with_keys_of(right: pa.Table, left: pa.Table, key: str) -> pa.Table:
+    """The rows of `right` whose `key` the `left` holds (a null key matches nothing, as in
+    the join); `right` whole where the two key types do not compare."""
+    try:
+        wanted = pc.unique(left[key]).cast(right.schema.field(key).type)
+        return right.filter(pc.fill_null(pc.is_in(right[key], value_set=wanted), False))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return right
 
 
 def gather(ctx: RunContext, ds: Dataset | None, columns: Sequence[str] | None = None, *,

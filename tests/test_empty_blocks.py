@@ -227,3 +227,29 @@ def test_blocks_of_string_and_large_string_meet_in_one_step(ctx):
     joined = engine.join(ctx, mixed, _dataset(FULL.slice(2).select(["key"])), "inner", ("key",))
     assert [r["value"] for r in _rows(joined)] == [3]
     assert sorted(engine.gather(ctx, mixed, ["key"])["key"].to_pylist()) == ["a", "a", "b", "c"]
+
+
+@pytest.mark.parametrize("join_type", ["inner", "left_outer", "left_anti"])
+def test_a_driver_join_cuts_a_bigger_right_side_to_the_left_keys(join_type):
+    """`_join_tables` first keeps the right rows whose first key the left holds (a right of
+    many chunks, null keys, a key as large_string on one side): the rows it gives are those
+    of the join of the whole right side."""
+    import polars as pl
+    from tkg.pipeline.engine import _join_tables
+
+    left = pa.table({"group_id": ["g", "g", "g", None], "key": ["a", "b", "z", "a"],
+                     "value": [1, 2, 3, 4]})
+    chunks = [pa.table({"group_id": pa.array(["g", "g", None], pa.large_string()),
+                        "key": pa.array([f"k{i}", "a" if i % 2 else "b", "a"]),
+                        "vector": pa.array([[float(i)] * 2] * 3, pa.list_(pa.float32(), 2))})
+              for i in range(40)]
+    right = pa.concat_tables(chunks)
+    on = ["group_id", "key"]
+    got = _join_tables(left, right, join_type, on)
+    how = {"inner": "inner", "left_outer": "left", "left_anti": "anti"}[join_type]
+    want = pl.from_arrow(left).join(pl.from_arrow(right).with_columns(
+        pl.col("group_id").cast(pl.String)), on=on, how=how, maintain_order="left")
+    assert got.num_rows == want.height == {"inner": 40, "left_outer": 42, "left_anti": 2}[
+        join_type]
+    assert pl.from_arrow(got).sort(pl.all()).equals(
+        want.select(got.column_names).sort(pl.all()))
