@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 import ray.data
 from ray.data import Dataset
@@ -34,6 +35,7 @@ from tkg.pipeline import (
     visibility,
 )
 from tkg.pipeline.config import StorageConfig, TkgConfig
+from tkg.pipeline.datasets import EMPTY_PART
 from tkg.pipeline.embed import embedding_dim
 from tkg.pipeline.llm.usage import llm_summary
 from tkg.pipeline.stages import PUBLISHES, STAGES, Publish, RunContext, Stage
@@ -54,6 +56,7 @@ def _catalog_first(publish: Publish) -> int:
 PUBLISH = {p.output: p.table for p in sorted(PUBLISHES, key=_catalog_first)
            if p.table != REJECTS}
 CARRIED = tuple(p.table for p in sorted(PUBLISHES, key=_catalog_first) if p.grows)
+REPLACED = {p.table: p.replaces for p in PUBLISHES if p.replaces}  # table -> key column
 REJECT_OUTPUTS = tuple(p.output for p in PUBLISHES if p.table == REJECTS)
 
 
@@ -170,20 +173,45 @@ def run_stages(ctx: RunContext, stages: Sequence[Stage] = STAGES,
 PUBLISHED_FILE_BYTES = 64 << 20
 
 
-def _writer(source: Location, table_schema: pa.Schema) -> store.TableWriter:
+def _writer(source: Location, table_schema: pa.Schema,
+            replacing: tuple[Sequence[Location], str] | None = None) -> store.TableWriter:
     """Publish a stage output: one Ray task per batch of its part files (`_batches`) writes
-    the batch's group partitions."""
+    the batch's group partitions. `replacing` (the previous snapshot's files of the table and
+    its key, `Publish.replaces`): and one per batch of those files, without the rows of the
+    keys the output holds. The 160,000-episode night's `versions`
+    had read the stored facts (315 MB) on Ray Data to join them with 10,000 edge ids and
+    write them out again (3.2 s of its 3.6); here each file is read, filtered and written
+    once, in parallel, and small files of earlier nights are merged up to
+    `PUBLISHED_FILE_BYTES`."""
 
     def write(target: Location) -> int:
         config = storage.configured()
-        batches = _batches(storage.file_sizes(source, suffixes={".parquet"}),
-                           PUBLISHED_FILE_BYTES)
-        rows = sum(engine.run_tasks(_write_parts, ((batch, target, table_schema, config)
-                                                   for batch in batches)))
+        limit = PUBLISHED_FILE_BYTES
+        calls = [(batch, target, table_schema, config) for batch in _batches(
+            storage.file_sizes(source, suffixes={".parquet"}), limit)]
+        if replacing is not None:
+            key, keys = replacing[1], ray.put(_keys(source, replacing[1]))
+            calls += [(batch, target, table_schema, config, key, keys)
+                      for batch in _batches(_sized(replacing[0]), limit)]
+        rows = sum(engine.run_tasks(_write_parts, calls))
         store.write_empty(target, table_schema)
         return rows
 
     return write
+
+
+def _keys(source: Location, key: str) -> pa.Array:
+    """The distinct `key` values of a stage output's part files."""
+    files = [path for path, _ in storage.file_sizes(source, suffixes={".parquet"})]
+    columns = storage.each(lambda path: storage.read_parquet(path, columns=[key])[key], files)
+    return pc.unique(pa.chunked_array([chunk.cast(pa.string()) for column in columns
+                                       for chunk in column.chunks], pa.string()))
+
+
+def _sized(files: Sequence[Location]) -> list[tuple[str, int]]:
+    """(file, bytes) of `files` that hold rows (placeholders of empty tables left out)."""
+    with_rows = [str(f) for f in files if storage.name(f) != EMPTY_PART]
+    return list(zip(with_rows, storage.each(storage.size, with_rows), strict=True))
 
 
 def _batches(files: Sequence[tuple[str, int]], limit: int) -> list[list[str]]:
@@ -201,9 +229,14 @@ def _batches(files: Sequence[tuple[str, int]], limit: int) -> list[list[str]]:
 
 @ray.remote
 def _write_parts(paths: Sequence[str], target: Location, table_schema: pa.Schema,
-                 config: StorageConfig | None) -> int:
+                 config: StorageConfig | None, key: str | None = None,
+                 keys: pa.Array | None = None) -> int:
+    """Write the rows of `paths` (with a `key`: but those whose key is one of `keys`)."""
     storage.configure(config)  # a worker writes to the store the driver was told about
     tables = [schema.conform(storage.read_parquet(path), table_schema) for path in paths]
+    if key is not None:
+        tables = [t.filter(pc.invert(pc.fill_null(pc.is_in(t[key], value_set=keys), False)))
+                  for t in tables]
     table = pa.concat_tables([t for t in tables if t.num_rows] or tables[:1])
     if table.num_rows == 0:
         return 0
@@ -215,7 +248,7 @@ def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
             started_at: datetime) -> BuildResult:
     """Publish the run's outputs as a snapshot (`store.publish`), CURRENT switched last."""
     out = ctx.outputs
-    tables = stage_writers(ctx, PUBLISH)
+    tables = stage_writers(ctx, PUBLISH, REPLACED)
     rejects = {name: store.read_table(storage.join(out[name], ".."), storage.name(out[name]),
                                       schema.REJECTS) for name in REJECT_OUTPUTS}
     every_reject = pa.concat_tables([
@@ -232,9 +265,15 @@ def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
                        snapshot=store.snapshot_dir(store_dir, ctx.run_id))
 
 
-def stage_writers(ctx: RunContext, publishes: Mapping[str, str]) -> dict[str, store.TableWriter]:
-    """Published table -> its writer, for each finished output -> table of `publishes`."""
-    return {table: _writer(ctx.outputs[work], _published_schema(work, table, ctx.dim))
+def stage_writers(ctx: RunContext, publishes: Mapping[str, str],
+                  replaced: Mapping[str, str] | None = None) -> dict[str, store.TableWriter]:
+    """Published table -> its writer, for each finished output -> table of `publishes`;
+    `replaced` (table -> key, `Publish.replaces`): of these tables the previous snapshot's
+    rows of the keys the output lacks are kept."""
+    replaced = replaced if ctx.previous is not None else None
+    return {table: _writer(ctx.outputs[work], _published_schema(work, table, ctx.dim),
+                           (store.table_files(ctx.previous, table), replaced[table])
+                           if replaced and table in replaced else None)
             for work, table in publishes.items()}
 
 

@@ -60,11 +60,16 @@ StageFn = Callable[[RunContext, dict[str, Dataset]], dict[str, Dataset]]
 @dataclass(frozen=True)
 class Publish:
     """An output of a stage that a run publishes as `table` of the snapshot; `grows`: the
-    table keeps the earlier snapshots' rows (carried by reference), this run's are added."""
+    table keeps the earlier snapshots' rows (carried by reference), this run's are added;
+    `replaces` (a key column): a later run's output holds only the keys it changed, every
+    row of each, and the table keeps the previous snapshot's rows of every other key
+    (rewritten by publish, `build._writer`; what a stage after it reads of the table:
+    `stages.common.replaced`)."""
 
     output: str
     table: str
     grows: bool = False
+    replaces: str | None = None
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,28 @@ def test_a_later_run_extends_stored_subjects_from_their_stored_edges(runs):
     assert got == _rows(whole.snapshot, edges)
 
 
+def test_a_later_run_writes_the_versions_of_the_edges_it_touched_alone(runs):
+    """A later run's `versions` writes every version of the edges it touched and no other
+    edge's (`Publish.replaces`); publish keeps each other edge's stored rows as they
+    were, so the table is the stored one with those edges' rows replaced."""
+    from itertools import pairwise
+
+    import pyarrow.parquet as pq
+
+    parts, _ = runs
+    columns = "edge_id, version, fact, valid_at, invalid_at, created_at, expired_at"
+    for before, after in pairwise(parts):
+        work = (Path(after.summary["store"]) / "work" / after.summary["run_id"] / "versions"
+                / "facts_versioned")
+        written = pq.read_table(work).select(columns.split(", ")).to_pylist()
+        touched = {row["edge_id"] for row in written}
+        stored = _rows(before.snapshot, f"SELECT {columns} FROM facts")
+        now = _rows(after.snapshot, f"SELECT {columns} FROM facts")
+        assert touched and len(written) < len(now), (len(written), len(now))
+        assert now == sorted([row for row in stored if row[0] not in touched]
+                             + [tuple(row.values()) for row in written])
+
+
 def test_unchanged_texts_keep_their_vectors(runs):
     parts, whole = runs
     marker = Path(parts[-1].summary["store"]) / "work" / "run-4" / "embed" / "_SUCCESS.json"

@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 from ray.data import Dataset
 from tkg.pipeline import engine, runner, schema, store
 from tkg.pipeline.config import TkgConfig
-from tkg.pipeline.context import RunContext
-from tkg.pipeline.datasets import read_parquet_files
+from tkg.pipeline.context import Publish, RunContext
+from tkg.pipeline.datasets import Keys, read_parquet_files
 from tkg.pipeline.embed import RANKED, EmbedColumn, shared_embedder
 
 INTERNAL_EXTRACTIONS = "_extractions"  # published with each snapshot, not in the catalog
@@ -23,18 +23,31 @@ ENTITY_COLUMNS = ["group_id", "episode_id", "valid_at", "entities"]
 FACT_COLUMNS = ["group_id", "episode_id", "valid_at", "facts"]
 
 
-def previous_table(ctx: RunContext, table: str, columns: list[str] | None = None
-                   ) -> Dataset | None:
+def previous_table(ctx: RunContext, table: str, columns: list[str] | None = None,
+                   keys: Keys | None = None) -> Dataset | None:
     """A table of the snapshot this run builds on (incremental runs), or None; `columns`:
-    only these."""
+    only these; `keys` (a key column and values of it): only the rows of those keys."""
     if ctx.previous is None:
         return None
     files = store.table_files(ctx.previous, table)
     if not files:
         return None
-    rows = read_parquet_files(files, columns, engine.policy(ctx).driver_bytes)
+    rows = read_parquet_files(files, columns, engine.policy(ctx).driver_bytes, keys)
     ctx.count("previous_rows_read", rows.count())  # what the run costs in the store's size
     return rows
+
+
+def replaced(ctx: RunContext, published: Publish, rows: Dataset,
+             columns: list[str] | None = None) -> Dataset:
+    """What publish will write of a table published with `Publish.replaces`: the stage's
+    `rows` (every row of the keys the run changed) and the previous snapshot's rows of
+    every other key (their `columns`); `rows` alone on a first run."""
+    stored = previous_table(ctx, published.table, columns)
+    if stored is None or published.replaces is None:
+        return rows
+    key = published.replaces
+    kept = engine.join(ctx, stored, engine.map(ctx, rows, only, [key]), "left_anti", (key,))
+    return engine.union(ctx, rows, kept)
 
 
 def all_extractions(ctx: RunContext, new: Dataset, columns: list[str]) -> Dataset:

@@ -26,28 +26,29 @@ def versions_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dat
 
 def versions_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Shuffled by edge against the stored versions: an unchanged fact keeps its version; a
-    changed one closes the open version and appends the next; an edge neither new nor of a
-    rebuilt subject is kept as stored."""
-    stored = previous_table(ctx, "facts")
-    if stored is None:
+    changed one closes the open version and appends the next. The output holds every
+    version of the edges that met here (`_touched_edges`); the stored versions of every
+    other edge are kept as they are, by publish (`FACTS`: `Publish.replaces`)."""
+    edges = previous_table(ctx, "facts", ["edge_id", "source_entity_id", "expired_at"])
+    if edges is None:
         return versions_stage(ctx, inputs)
     new = inputs["facts_embedded"]
-    touched = _touched_edges(ctx, new, inputs["recomputed_subjects"])
-    both = engine.union(ctx, engine.map(ctx, new, _tag("new", ctx.dim)), engine.map(
-        ctx, engine.join(ctx, stored, touched, "inner", ("edge_id",)), _tag("old", ctx.dim)))
-    versioned = engine.shuffle(ctx, both, ["edge_id"], facts.version_edges, ctx.created_at)
-    kept = engine.join(ctx, stored, touched, "left_anti", ("edge_id",))
-    return {"facts_versioned": engine.union(ctx, versioned, kept)}
+    touched = engine.gather(ctx, _touched_edges(ctx, new, inputs["recomputed_subjects"],
+                                                edges), ["edge_id"], what="touched edges")
+    stored = previous_table(ctx, "facts", keys=("edge_id", touched["edge_id"]))
+    both = engine.union(ctx, engine.map(ctx, new, _tag("new", ctx.dim)),
+                        engine.map(ctx, stored, _tag("old", ctx.dim)))
+    return {"facts_versioned": engine.shuffle(ctx, both, ["edge_id"], facts.version_edges,
+                                              ctx.created_at)}
 
 
-def _touched_edges(ctx: RunContext, new: Dataset, recomputed: Dataset) -> Dataset:
+def _touched_edges(ctx: RunContext, new: Dataset, recomputed: Dataset, edges: Dataset
+                   ) -> Dataset:
     """The edges that meet in the shuffle (edge_id, once each): those the facts stage passed
-    on (new or changed) and the open ones of the subjects it rebuilt (rebuilt, or gone).
-    Every other stored version is kept as it is. The stored table is joined with these few
-    ids, not with the ids of every edge it keeps (157,000 of them, twice, at 160,000
-    episodes). The open edges are read without their vectors (with them, the filter of the
-    160,000-episode store's facts ran on Ray Data: 1.8 s)."""
-    edges = previous_table(ctx, "facts", ["edge_id", "source_entity_id", "expired_at"])
+    on (new or changed) and the open ones of the subjects it rebuilt (rebuilt, or gone),
+    found in the stored `edges` (read without their vectors: with them, the filter of the
+    160,000-episode store's facts ran on Ray Data, 1.8 s). Every other stored version is
+    kept as it is; of the stored table only these edges' rows are read."""
     rebuilt = engine.join(ctx, engine.map(ctx, engine.map(ctx, edges, open_versions), only,
                                           ["edge_id", "source_entity_id"]),
                           engine.map(ctx, recomputed, only, ["source_entity_id"]),
@@ -58,6 +59,7 @@ def _touched_edges(ctx: RunContext, new: Dataset, recomputed: Dataset) -> Datase
     return engine.union(ctx, new_ids, others).materialize()
 
 
+# every version of the edges a run touched; the table keeps the other edges' stored rows
+FACTS = Publish("facts_versioned", "facts", replaces="edge_id")
 STAGE = Stage("versions", ("facts_embedded", "recomputed_subjects"), ("facts_versioned",),
-              versions_stage, update=versions_update, state=("facts",),
-              publishes=(Publish("facts_versioned", "facts"),))
+              versions_stage, update=versions_update, state=("facts",), publishes=(FACTS,))
