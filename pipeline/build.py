@@ -260,7 +260,10 @@ def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],
         ctx, store_dir, tables, started_at,
         lambda done: _summary(ctx, store_dir, done, rejects, seconds),
         {"embedding": {"model": ctx.config.embed.model, "dim": ctx.dim},
-         "inputs": [str(f) for f in ctx.files], "schema_version": 1}, grown=CARRIED)
+         "inputs": [str(f) for f in ctx.files], "schema_version": 1}, grown=CARRIED,
+        replaced={table: [f for f, _ in storage.file_sizes(out[work], suffixes={".parquet"})]
+                  for work, table in PUBLISH.items() if table in REPLACED} if ctx.previous
+        else None)
     return BuildResult(summary=manifest["summary"],
                        snapshot=store.snapshot_dir(store_dir, ctx.run_id))
 
@@ -281,10 +284,11 @@ def publish_run(ctx: RunContext, store_dir: Location, tables: Mapping[str, store
                 started_at: datetime, summarize: Callable[[store.Published], dict[str, Any]],
                 manifest: dict[str, Any], *, grown: Sequence[str] = (),
                 kept: Sequence[str] = (), carry: Mapping[str, Sequence[str]] | None = None,
-                extend: bool = True) -> dict[str, Any]:
+                extend: bool = True,
+                replaced: Mapping[str, Sequence[Location]] | None = None) -> dict[str, Any]:
     """`store.publish` of a run, a build, a community refresh or a forget: its manifest is
     `manifest` (what the caller adds) with the run's fields over it, its `runs` row is the
-    summary's; returns the manifest. `extend`: as `store.publish`'s."""
+    summary's; returns the manifest. `extend`, `replaced`: as `store.publish`'s."""
 
     def describe(done: store.Published) -> tuple[dict[str, Any], pa.Table]:
         summary = summarize(done)
@@ -300,7 +304,7 @@ def publish_run(ctx: RunContext, store_dir: Location, tables: Mapping[str, store
 
     return store.publish(store_dir, ctx.run_id, tables, previous=ctx.previous, dim=ctx.dim,
                          query=ctx.config.query, describe=describe, grown=grown, kept=kept,
-                         carry=carry, extend=extend)
+                         carry=carry, extend=extend, replaced=replaced)
 
 
 def _published_schema(work: str, table: str, dim: int) -> pa.Schema:

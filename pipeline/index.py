@@ -226,31 +226,39 @@ def _stored_digests(table: Any, key: str) -> pl.DataFrame:
 
 
 def _extend(base: Extendable, spec: TableSpec, data: pa.Table | pa.RecordBatchReader,
-            rows: int, dim: int, config: QueryConfig, grown: bool = False
-            ) -> dict[str, Any] | None:
+            rows: int, dim: int, config: QueryConfig, grown: bool = False,
+            replaced: bool = False) -> dict[str, Any] | None:
     """Extend the table of `base` to hold `data` (its rows in any order; those it adds go
     in sort order): a new version
     without the rows whose digest no longer occurs and with the new ones, its indexes
     extended; None where the rules above ask for a whole build (nothing written then).
     `grown`: `data` is only the rows to add (a table that grows: its stored rows stay as
-    they are, so none is read to be compared)."""
+    they are, so none is read to be compared). `replaced`: `data` is every row of some
+    keys, and the stored rows of every other key stay as they are: only the stored rows
+    of those keys are compared (the 160,000-episode night read and digested every
+    published fact, 1.5 s, to find 5,000 that changed)."""
     started = time.perf_counter()
     table = connect(base.folder).open_table(spec.name)
     table.checkout(base.version)
     if base.appends >= MAX_APPENDS or HASH not in table.schema.names:
         return None
-    stored = _stored_digests(table, spec.key)
-    rows += stored.height if grown else 0
-    changes = _changes(stored, data, spec, table.schema, grown, MAX_CHANGED_SHARE * rows)
-    if not rows or changes is None:
+    every = _stored_digests(table, spec.key)
+    stored = every
+    if replaced:
+        data = data if isinstance(data, pa.Table) else data.read_all()
+        stored = every.filter(pl.col(spec.key).is_in(pl.from_arrow(data[spec.key])))
+    size = rows + every.height if grown else every.height if replaced else rows
+    changes = _changes(stored, data, spec, table.schema, grown, MAX_CHANGED_SHARE * size)
+    if not size or changes is None:
         return None
     added, gone = changes
+    rows = every.height - len(gone) + added.num_rows if replaced else size
     table.restore()  # the version the previous snapshot reads becomes the latest
     for start in range(0, len(gone), DELETE_BATCH):
         table.delete("row IN (" + ", ".join(str(int(k)) for k in
                                              gone[start:start + DELETE_BATCH]) + ")")
     if added.num_rows:
-        first = int(stored["row"].max()) + 1 if stored.height else 0
+        first = int(every["row"].max()) + 1 if every.height else 0
         keys = pa.array(np.arange(first, first + added.num_rows, dtype=np.int64))
         table.add(added.set_column(added.schema.get_field_index("row"), "row", keys))
     indexed = {tuple(i.columns) for i in table.list_indices()}
@@ -439,12 +447,16 @@ def build_indexes(snapshot: Location, dim: int, config: QueryConfig,
                   files: Mapping[str, Sequence[Location]] | None = None,
                   chunk_rows: int = CHUNK_ROWS,
                   bases: Mapping[str, Extendable] | None = None,
-                  added: Mapping[str, Sequence[Location]] | None = None) -> dict[str, Any]:
+                  added: Mapping[str, Sequence[Location]] | None = None,
+                  replaced: Mapping[str, Sequence[Location]] | None = None
+                  ) -> dict[str, Any]:
     """Build `SNAPSHOT/lance/` from the snapshot's Parquet (its `files` per table, or
     `tables` given in memory, as the query benchmark does), except the `reused` tables
     kept from an earlier snapshot; a table with a base in `bases` is extended there instead
     where it can be (`_extend`: its figures say `"extended": true`); of a table that grows,
-    `added` names the files of the rows this snapshot adds (only those are read then).
+    `added` names the files of the rows this snapshot adds (only those are read then); of
+    a table whose rows of some keys this snapshot replaced (`Publish.replaces`),
+    `replaced` names the files of those keys' rows (only those are read and compared).
     Called by publish
     before the manifest is written, so a published snapshot always has its indexes. A
     table's Parquet streams through the driver `chunk_rows` rows at a time
@@ -460,11 +472,12 @@ def build_indexes(snapshot: Location, dim: int, config: QueryConfig,
         base = (bases or {}).get(name)
         built = None
         if base is not None:
-            grown = name in (added or {})
+            grown, keyed = name in (added or {}), name in (replaced or {})
+            part = added if grown else replaced if keyed else files
             built = _extend(base, spec, *(
-                _source(snapshot, spec, dim, tables, added if grown else files, chunk_rows)
-                if grown or tables is not None else _unsorted(snapshot, spec, dim, files,
-                                                              chunk_rows)), dim, config, grown)
+                _source(snapshot, spec, dim, tables, part, chunk_rows)
+                if grown or keyed or tables is not None else _unsorted(
+                    snapshot, spec, dim, files, chunk_rows)), dim, config, grown, keyed)
         if built is None:
             built = _write_indexed(db, spec, *_source(snapshot, spec, dim, tables, files,
                                                       chunk_rows), dim, config)

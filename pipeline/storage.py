@@ -330,11 +330,11 @@ def delete_files(locations: Sequence[Location], config: StorageConfig | None = N
     each(lambda f: delete_file(f, config), locations)
 
 
-def each(function: Any, items: Sequence[Any]) -> list[Any]:
-    """`function` over items, IO_THREADS at a time (requests to a store, in order)."""
-    if len(items) <= 1:
+def each(function: Any, items: Sequence[Any], threads: int = IO_THREADS) -> list[Any]:
+    """`function` over items, `threads` at a time (requests to a store, in order)."""
+    if len(items) <= 1 or threads <= 1:
         return [function(i) for i in items]
-    with ThreadPoolExecutor(min(IO_THREADS, len(items))) as pool:
+    with ThreadPoolExecutor(min(threads, len(items))) as pool:
         return list(pool.map(function, items))
 
 

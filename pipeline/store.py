@@ -333,7 +333,8 @@ def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter],
             previous: Location | None, dim: int, query: QueryConfig, describe: Describe,
             grown: Sequence[str] = (), kept: Sequence[str] = (),
             carry: Mapping[str, Sequence[str]] | None = None,
-            extend: bool = True) -> dict[str, Any]:
+            extend: bool = True,
+            replaced: Mapping[str, Sequence[Location]] | None = None) -> dict[str, Any]:
     """Write snapshot `run_id` and switch CURRENT to it, last: the new `tables`; the
     previous snapshot's files of `grown` tables listed beside the new ones and of `kept`
     tables whole (referenced, their retrieval indexes too); the retrieval indexes of the
@@ -341,8 +342,10 @@ def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter],
     table with the row `describe` returns; the catalog; its manifest with
     every table's files. `carry`: of each grown table only these previous files (relative
     to the previous snapshot; a forget leaves out those that held erased rows). Returns
-    the manifest. A crash at any step leaves CURRENT where it was (faults:
-    `publish:<step>`)."""
+    the manifest. `replaced`: of each table a writer wrote as the previous snapshot's rows
+    with some keys' rows replaced (`Publish.replaces`), the files of the rows of those keys
+    (an extension compares these alone). A crash at any step leaves CURRENT where it was
+    (faults: `publish:<step>`)."""
     started = time.perf_counter()
     snapshot = prepare_snapshot(store_dir, run_id)
     rows = {name: write(storage.join(snapshot, name)) for name, write in tables.items()}
@@ -361,7 +364,7 @@ def publish(store_dir: Location, run_id: str, tables: Mapping[str, TableWriter],
     added = {name: [f for f in files.get(name, []) if not f.startswith("../")]
              for name in grown}  # (what this run wrote of a table that grows)
     retrieval, lance, arrays = _indexes(snapshot, previous, kept, dim, query, files,
-                                        extend, added)
+                                        extend, added, replaced or {})
     faults.hit("publish", "indexes")
     runs_dir = storage.join(snapshot, "runs")
     write_empty(runs_dir, schema.RUNS)  # the catalog describe may open needs every view
@@ -392,7 +395,7 @@ def _erasures(previous: Location | None, manifest: Mapping[str, Any]) -> list[di
 
 def _indexes(snapshot: Location, previous: Location | None, kept: Sequence[str], dim: int,
              query: QueryConfig, files: Mapping[str, Sequence[str]], extend: bool,
-             added: Mapping[str, Sequence[str]]
+             added: Mapping[str, Sequence[str]], replaced: Mapping[str, Sequence[Location]]
              ) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
     """Retrieval indexes of the snapshot, where each table lies (its LanceDB folder) and
     where its `table_arrays` lie, relative to the snapshot: a kept table's are the previous
@@ -414,7 +417,9 @@ def _indexes(snapshot: Location, previous: Location | None, kept: Sequence[str],
                for name, listed in files.items()}
     built = build_indexes(snapshot, dim, query, reused=set(reused), files=sources, bases=bases,
                           added={name: [storage.join(snapshot, f) for f in listed]
-                                 for name, listed in added.items() if name in bases})
+                                 for name, listed in added.items() if name in bases},
+                          replaced={name: files for name, files in replaced.items()
+                                    if name in bases})
     for name, figures in built.items():
         if name == "seconds":
             continue

@@ -136,10 +136,13 @@ def _extended_vectors(table: Any, keys: np.ndarray, earlier: Earlier, chunk: int
                     run = np.frombuffer(handle.read_at((high - low) * width,
                                                        offset + low * width),
                                         dtype=np.float32).reshape(high - low, -1)
-                    part[kept] = run[taken[kept] - low]
+                    # one take (clip: no buffering of `out`); a masked assignment was
+                    # 0.66 s of the 160,000-episode night, for two tables
+                    np.take(run, np.where(kept, taken - low, 0), axis=0, out=part,
+                            mode="clip")
                 lacking = np.flatnonzero(~kept)
                 part[lacking] = added[added_at[start + lacking]]
-                out.write(part.tobytes())
+                out.write(memoryview(part).cast("B"))  # (no copy to bytes)
 
     return write
 
