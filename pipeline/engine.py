@@ -133,6 +133,14 @@ def stream(ds: Dataset) -> Iterator[pa.Table]:
         yield ray.get(ref)
 
 
+def columns(ds: Dataset) -> list[str]:
+    """The column names of `ds` (of its first block; none without blocks)."""
+    if isinstance(ds, DriverDataset):
+        return ds.tables[0].column_names if ds.tables else []
+    found = ds.schema()
+    return list(found.names) if found is not None else []
+
+
 def _blocks(ds: Dataset) -> list[pa.Table]:
     """The Arrow blocks of `ds` that hold rows, in this process (only for what the policy
     placed on the driver)."""

@@ -52,8 +52,14 @@ from tkg.pipeline.context import RunContext, Stage
 from tkg.pipeline.datasets import empty_dataset, read_parquet_files
 from tkg.pipeline.resolve import normalize_name
 from tkg.pipeline.stages import INTERNAL_EXTRACTIONS, INTERNAL_PAIRS, REGISTRY
-from tkg.pipeline.stages.common import embed_changed, previous_table
-from tkg.pipeline.stages.facts import INTERNAL_NAMES
+from tkg.pipeline.stages.common import (
+    INTERNAL_ENTITIES,
+    INTERNAL_NAMES,
+    embed_changed,
+    previous_table,
+)
+from tkg.pipeline.stages.facts import INTERNAL_STATEMENTS
+from tkg.pipeline.stages.names import INTERNAL_MENTIONS, INTERNAL_NODES
 from tkg.pipeline.storage import Location
 
 log = logging.getLogger("tkg.forget")
@@ -62,14 +68,21 @@ GROUP_DIR = re.compile(r"(?:^|/)group_id=([^/]+)/")
 
 # Tables whose rows of a touched group are all derived again (its files are replaced).
 DERIVED = ("entities", "entity_aliases", "mentions", "facts", "communities",
-           "community_members", INTERNAL_PAIRS, INTERNAL_EXTRACTIONS, INTERNAL_NAMES)
+           "community_members", INTERNAL_PAIRS, INTERNAL_EXTRACTIONS, INTERNAL_NAMES,
+           INTERNAL_ENTITIES, INTERNAL_MENTIONS, INTERNAL_NODES, INTERNAL_STATEMENTS)
 # What the forget's stages publish: work output -> table (the build's names).
 PUBLISHED = {"extractions": INTERNAL_EXTRACTIONS, "resolution_pairs": INTERNAL_PAIRS,
              "entity_aliases": "entity_aliases", "mentions": "mentions",
              "entities_embedded": "entities", "facts_versioned": "facts",
              "communities": "communities", "community_members": "community_members",
              # without it, the next night takes every entity of a touched group as changed
-             "name_map": INTERNAL_NAMES}
+             "name_map": INTERNAL_NAMES,
+             # what the next night keeps of names and resolution where it changes nothing
+             "entity_mentions": INTERNAL_MENTIONS, "name_nodes": INTERNAL_NODES,
+             "resolved_entities": INTERNAL_ENTITIES,
+             # without it, the next night lost the earlier versions of a touched group's
+             # records (a version tonight ended none of their fields)
+             "record_statements": INTERNAL_STATEMENTS}
 
 
 class ForgetError(ValueError):

@@ -330,13 +330,12 @@ ALIAS_MAP = pa.schema([
     ("root", pa.string()), ("evidence", pa.string()), ("score", pa.float64()),
 ])
 
-# Every name node's entity (the alias map's keys), kept by a snapshot as `_name_map` for
-# the next run's facts stage: `entity_aliases` lists one normalized form per surface name,
-# so it cannot say which names an entity had (a record's key name, `contact con-00007`, is
-# never listed) and against it every entity with such a name looked changed every night.
-NAME_MAP = pa.schema([
-    ("group_id", pa.string()), ("normalized", pa.string()), ("entity_id", pa.string()),
-])
+# Every name node's entity (the alias map), kept by a snapshot as `_name_map` for the next
+# run's facts and resolve stages: `entity_aliases` lists one normalized form per surface
+# name, so it cannot say which names an entity had (a record's key name, `contact
+# con-00007`, is never listed) and against it every entity with such a name looked changed
+# every night; resolve keeps the stored row of an entity whose names' rows are the same.
+NAME_MAP = ALIAS_MAP
 
 # The statements of keyed records (`extract.records.record_statements`): a version row per
 # record version (relation null) and a row per fact it states. Each run keeps its own, so

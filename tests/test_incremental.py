@@ -173,6 +173,24 @@ def test_a_later_run_writes_the_versions_of_the_edges_it_touched_alone(runs):
                              + [tuple(row.values()) for row in written])
 
 
+def test_a_later_run_names_and_resolves_again_only_what_it_touched(runs):
+    """Run 4 maps only its own extractions to mentions (the earlier runs' are kept,
+    `_entity_mentions`), computes again only the name nodes of the names it mentions
+    (`_name_nodes`) and the rows of the entities it mentions or whose alias rows changed
+    (`_resolved_entities`); its nodes, entities and mentions are those of one run over
+    everything (`test_parts_give_the_answers_of_one_run`)."""
+    parts, _ = runs
+    work = Path(parts[-1].summary["store"]) / "work" / "run-4"
+    names, resolved = (json.loads((work / stage / "_SUCCESS.json").read_text())
+                       for stage in ("names", "resolve"))
+    nodes = names["rows"]["name_nodes"]
+    assert 0 < names["counters"]["name_nodes_computed"] < nodes, names
+    stored = store.read_manifest(parts[-1].snapshot)["tables"]["_entity_mentions"]
+    assert 0 < names["rows"]["entity_mentions"] < stored, (names, stored)
+    again = resolved["counters"]["entities_resolved_again"]
+    assert 0 < again < parts[-1].summary["entities"], (again, parts[-1].summary["entities"])
+
+
 def test_unchanged_texts_keep_their_vectors(runs):
     parts, whole = runs
     marker = Path(parts[-1].summary["store"]) / "work" / "run-4" / "embed" / "_SUCCESS.json"

@@ -4,6 +4,7 @@ id filters, the alias map join, and embedding with stored vectors carried."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -18,6 +19,8 @@ INTERNAL_EXTRACTIONS = "_extractions"  # published with each snapshot, not in th
 
 
 INTERNAL_PAIRS = "_resolution_pairs"  # the pairs resolution decided (what a later run keeps)
+INTERNAL_NAMES = "_name_map"  # every name's entity, what the next run compares its own to
+INTERNAL_ENTITIES = "_resolved_entities"  # resolution's entity rows (kept where unchanged)
 # What entity resolution and facts read of earlier extractions (not raw LLM output).
 ENTITY_COLUMNS = ["group_id", "episode_id", "valid_at", "entities"]
 FACT_COLUMNS = ["group_id", "episode_id", "valid_at", "facts"]
@@ -48,6 +51,21 @@ def replaced(ctx: RunContext, published: Publish, rows: Dataset,
     key = published.replaces
     kept = engine.join(ctx, stored, engine.map(ctx, rows, only, [key]), "left_anti", (key,))
     return engine.union(ctx, rows, kept)
+
+
+def grown(ctx: RunContext, published: Publish, rows: Dataset) -> Dataset:
+    """What publish will write of a table published with `Publish.grows`: the previous
+    snapshot's rows and this run's `rows` (those alone on a first run)."""
+    stored = previous_table(ctx, published.table)
+    return rows if stored is None else engine.union(ctx, rows, stored)
+
+
+def created_now(rows: pa.Table, created_at: datetime) -> pa.Table:
+    """`rows` with this run's transaction time (`created_at`): a row a stage keeps as the
+    previous snapshot stored it, where every row the stage computes gets it."""
+    at = rows.schema.get_field_index("created_at")
+    return rows.set_column(at, "created_at", pa.array([created_at] * rows.num_rows,
+                                                      rows.schema.field(at).type))
 
 
 def all_extractions(ctx: RunContext, new: Dataset, columns: list[str]) -> Dataset:
@@ -96,6 +114,11 @@ def in_set(column: str, values: set[str], keep: bool = True,
         return batch.filter(found if keep else pc.invert(found))
 
     return select
+
+
+def distinct_entities(block: pa.Table) -> pa.Table:
+    """The distinct `entity_id`s of a block (a shuffle by entity makes them distinct)."""
+    return block.group_by("entity_id").aggregate([])
 
 
 def open_versions(batch: pa.Table) -> pa.Table:

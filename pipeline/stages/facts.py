@@ -16,7 +16,9 @@ from tkg.pipeline.extract import records
 from tkg.pipeline.stages.common import (
     FACT_COLUMNS,
     INTERNAL_EXTRACTIONS,
+    INTERNAL_NAMES,
     all_extractions,
+    distinct_entities,
     in_set,
     join_alias_map,
     name_keys,
@@ -191,7 +193,6 @@ def facts_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
                            statements)
 
 
-INTERNAL_NAMES = "_name_map"  # every name's entity, what the next run compares its own to
 
 
 def facts_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -228,7 +229,7 @@ def _with_summaries(ctx: RunContext, inputs: dict[str, Dataset], checked: Datase
                                                ("entity_id",)), _first_created)
     return {"merged_facts": checked, "entities_summarized": entities,
             "recomputed_subjects": recomputed, "record_statements": statements,
-            "name_map": engine.map(ctx, inputs["alias_map"], only, NAME_COLUMNS)}
+            "name_map": inputs["alias_map"]}
 
 
 # --- an update: only what the run touched ----------------------------------------------------
@@ -417,16 +418,12 @@ def _touched_entities(ctx: RunContext, changed: set[str], emitted: Dataset,
     named = engine.as_dataset(pa.table({"entity_id": pa.array(sorted(changed), pa.string())}))
     ends = engine.union(ctx, named, engine.map(ctx, emitted, _endpoints),
                         engine.map(ctx, dropped, _endpoints))
-    return engine.shuffle(ctx, ends, ["entity_id"], _distinct_entities)
+    return engine.shuffle(ctx, ends, ["entity_id"], distinct_entities)
 
 
 def _endpoints(edges: pa.Table) -> pa.Table:
     return pa.table({"entity_id": pa.chunked_array(
         [*edges["source_entity_id"].chunks, *edges["target_entity_id"].chunks], pa.string())})
-
-
-def _distinct_entities(block: pa.Table) -> pa.Table:
-    return block.group_by("entity_id").aggregate([])
 
 
 def _rebuilt_edges(ctx: RunContext, new_mentions: Dataset, alias_map: Dataset,

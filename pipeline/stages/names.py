@@ -1,4 +1,6 @@
-"""names: name nodes, every surface form that normalizes the same within a group."""
+"""names: name nodes, every surface form that normalizes the same within a group. A later
+run maps only its own extractions to mentions and computes again only the nodes of the
+names it mentions; the mentions of earlier runs and the other nodes are the snapshot's."""
 
 from __future__ import annotations
 
@@ -7,8 +9,22 @@ from datetime import datetime
 import pyarrow as pa
 from ray.data import Dataset
 from tkg.pipeline import engine, resolve
-from tkg.pipeline.context import RunContext, Stage
-from tkg.pipeline.stages.common import ENTITY_COLUMNS, INTERNAL_EXTRACTIONS, all_extractions
+from tkg.pipeline.context import Publish, RunContext, Stage
+from tkg.pipeline.stages.common import (
+    ENTITY_COLUMNS,
+    INTERNAL_EXTRACTIONS,
+    all_extractions,
+    created_now,
+    in_set,
+    name_keys,
+    previous_table,
+)
+
+INTERNAL_MENTIONS = "_entity_mentions"  # every run's mention rows (grows)
+INTERNAL_NODES = "_name_nodes"  # every name node (the next run keeps those it does not mention)
+# a later run's `entity_mentions` are its own; a stage after it reads them with the stored
+# ones (`stages.common.grown`)
+MENTIONS = Publish("entity_mentions", INTERNAL_MENTIONS, grows=True)
 
 
 def name_nodes(mentions: pa.Table, created_at: datetime) -> pa.Table:
@@ -28,5 +44,32 @@ def names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     return {"name_nodes": nodes, "entity_mentions": mentions}  # resolve maps the mentions
 
 
+def names_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
+    """Tonight's mention rows; the nodes of the names they mention computed again from
+    every mention of those names, the stored ones and tonight's (a node is a function of
+    its name's mentions), every other node as stored, with this run's transaction time as
+    every node gets. Mapping every stored extraction to mentions and grouping every mention
+    again were 1.2 s of the 160,000-episode night's 1.8 (713,000 mentions)."""
+    stored = previous_table(ctx, INTERNAL_MENTIONS)
+    if stored is None:  # a snapshot of an earlier tkg: every extraction mapped again
+        return names_stage(ctx, inputs)
+    new = engine.map(ctx, inputs["extractions"], resolve.mention_rows).materialize()
+    named = engine.gather(ctx, new, ["group_id", "normalized"], what="tonight's names")
+    names = set(name_keys(named["group_id"], named["normalized"]).to_pylist())
+    before = previous_table(ctx, INTERNAL_NODES)
+    if before is not None:
+        stored = engine.map(ctx, stored, in_set("normalized", names, group_column="group_id"))
+    nodes = engine.shuffle(ctx, engine.union(ctx, new, stored), ["group_id", "normalized"],
+                           name_nodes, ctx.created_at).materialize()
+    ctx.count("name_nodes_computed", nodes.count())
+    if before is not None:
+        nodes = engine.union(ctx, nodes, engine.map(ctx, engine.map(ctx, before, in_set(
+            "normalized", names, keep=False, group_column="group_id")), created_now,
+            ctx.created_at))
+    return {"name_nodes": nodes.materialize(), "entity_mentions": new}
+
+
 STAGE = Stage("names", ("extractions",), ("name_nodes", "entity_mentions"), names_stage,
-              state=(INTERNAL_EXTRACTIONS,))
+              update=names_update, state=(INTERNAL_EXTRACTIONS, INTERNAL_MENTIONS,
+                                          INTERNAL_NODES),
+              publishes=(MENTIONS, Publish("name_nodes", INTERNAL_NODES)))
