@@ -178,11 +178,10 @@ def _writer(source: Location, table_schema: pa.Schema,
     """Publish a stage output: one Ray task per batch of its part files (`_batches`) writes
     the batch's group partitions. `replacing` (the previous snapshot's files of the table and
     its key, `Publish.replaces`): and one per batch of those files, without the rows of the
-    keys the output holds. The 160,000-episode night's `versions`
-    had read the stored facts (315 MB) on Ray Data to join them with 10,000 edge ids and
-    write them out again (3.2 s of its 3.6); here each file is read, filtered and written
-    once, in parallel, and small files of earlier nights are merged up to
-    `PUBLISHED_FILE_BYTES`."""
+    keys the output holds. The 160,000-episode night's `versions` had read the stored facts
+    (315 MB) on Ray Data to join them with 10,000 edge ids and write them out again (3.2 s
+    of its 3.6); here each file is read, filtered and written once, in parallel, and small
+    files of earlier nights are merged up to `PUBLISHED_FILE_BYTES`."""
 
     def write(target: Location) -> int:
         config = storage.configured()
