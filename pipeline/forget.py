@@ -66,11 +66,9 @@ log = logging.getLogger("tkg.forget")
 ERASURES_DIR = "erasures"  # STORE/erasures/<request_id>.parquet: the erasure log
 GROUP_DIR = re.compile(r"(?:^|/)group_id=([^/]+)/")
 
-# Tables whose rows of a touched group are all derived again (its files are replaced).
-DERIVED = ("entities", "entity_aliases", "mentions", "facts", "communities",
-           "community_members", INTERNAL_PAIRS, INTERNAL_EXTRACTIONS, INTERNAL_NAMES,
-           INTERNAL_ENTITIES, INTERNAL_MENTIONS, INTERNAL_NODES, INTERNAL_STATEMENTS)
-# What the forget's stages publish: work output -> table (the build's names).
+# What the forget's stages publish: work output -> table (the build's names). A touched
+# group's files of every other table are dropped (`_plan`): each table a later run reads
+# must be here.
 PUBLISHED = {"extractions": INTERNAL_EXTRACTIONS, "resolution_pairs": INTERNAL_PAIRS,
              "entity_aliases": "entity_aliases", "mentions": "mentions",
              "entities_embedded": "entities", "facts_versioned": "facts",

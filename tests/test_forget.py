@@ -246,3 +246,13 @@ def test_an_unknown_entity_is_an_error(config, small):
     with pytest.raises(fg.ForgetError, match="no entity"):
         fg.forget(config, small[0], fg.Selector(entities=(("inc", "Nobody Atall"),)),
                   dry_run=True)
+
+
+def test_forget_publishes_every_table_a_build_publishes():
+    """Forget drops a touched group's files of every table and writes what its own stages
+    publish (`fg.PUBLISHED`), so a table a build publishes and forget does not would lose
+    the touched groups' rows (`_record_statements` did: the next night lost their earlier
+    record versions). Episodes are rewritten by forget's plan, without the erased ones."""
+    from tkg.pipeline.build import PUBLISH
+
+    assert set(PUBLISH.values()) - set(fg.PUBLISHED.values()) == {"episodes"}
