@@ -301,12 +301,21 @@ def _combined(old: dict, now: dict) -> dict:
 
 def changed_edges(edges: pa.Table, stored: pa.Table) -> pa.Table:
     """The rows of `edges` that are new or differ from their stored open version (what
-    `version_edge` would append a version for)."""
-    before = {row["edge_id"]: row for row in stored.select(
-        ["edge_id", *VERSIONED_FIELDS]).to_pylist()}
-    keep = [row["edge_id"] not in before or not _same_belief(before[row["edge_id"]], row)
-            for row in edges.select(["edge_id", *VERSIONED_FIELDS]).to_pylist()]
-    return edges.filter(pa.array(keep, pa.bool_()))
+    `version_edge` would append a version for: `_same_belief`, field by field, a null equal
+    to a null). Compared column by column: a dict per row of both sides was 0.68 s of the
+    160,000-episode night (19,111 stored open edges of the subjects it extended)."""
+    import polars as pl
+
+    fields = ["edge_id", *VERSIONED_FIELDS]
+    before = (pl.from_arrow(stored.select(fields)).unique("edge_id", keep="last",
+                                                          maintain_order=True)
+              .with_columns(_stored=pl.lit(True)))
+    joined = pl.from_arrow(edges.select(fields)).join(
+        before, on="edge_id", how="left", suffix="_before", maintain_order="left")
+    same = pl.all_horizontal([pl.col(f).eq_missing(pl.col(f"{f}_before"))
+                              for f in VERSIONED_FIELDS])
+    keep = joined.select(pl.col("_stored").is_null() | ~same).to_series()
+    return edges.filter(keep.to_arrow())
 
 
 def _says(text: str, relation: str) -> bool:

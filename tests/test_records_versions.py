@@ -168,3 +168,32 @@ def test_a_later_run_rebuilds_only_the_subjects_it_changed(builds):
         maria = con.execute("SELECT entity_id FROM entities WHERE group_id = ? AND "
                             "name = 'Maria Lopez'", [GROUP]).fetchall()
     assert sorted(rebuilt["source_entity_id"].to_pylist()) == [e for (e,) in maria]
+
+
+def test_version_ends_change_only_the_ends_of_the_rows_they_end():
+    """`apply_version_ends` ends each edge a newer record version ends unless it already
+    ends earlier (`facts._end`), row by row as a dict each did before, and leaves every
+    other row and column as it was."""
+    from tkg.pipeline.extract.records import apply_version_ends
+    from tkg.pipeline.facts import _end
+
+    day = [datetime(2024, 1, d, tzinfo=UTC) for d in range(1, 6)]
+    edges = pa.table({
+        "edge_id": [f"e{i}" for i in range(6)],
+        "fact": ["a", "b", "c", "d", "e", "f"],
+        "invalid_at": pa.array([None, day[1], day[3], None, day[2], day[2]],
+                               pa.timestamp("us", tz="UTC")),
+        "invalidated_by": [None, "x", None, None, "z", "y"],
+        "record_invalid_at": pa.array([day[2], day[2], None, None, day[2], day[2]],
+                                      pa.timestamp("us", tz="UTC")),
+        "record_invalidated_by": ["v2", "v2", None, None, "v2", "a"],
+    })
+    want = edges.to_pylist()
+    for edge in want:
+        if edge["record_invalid_at"] is not None:
+            _end(edge, edge["record_invalid_at"], edge["record_invalidated_by"])
+        del edge["record_invalid_at"], edge["record_invalidated_by"]
+    got = apply_version_ends(pa.concat_tables([edges.slice(0, 2), edges.slice(2)]))
+    assert got.column_names == ["edge_id", "fact", "invalid_at", "invalidated_by"]
+    assert got.to_pylist() == want
+    assert [e["invalidated_by"] for e in want] == ["v2", "x", None, None, "v2", "a"]

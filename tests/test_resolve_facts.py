@@ -155,3 +155,30 @@ def test_an_entity_keeps_its_strongest_label():
                       (T2, "Entity")]) == ["Organization"]
     assert labels_of([(T1, "Organization"), (T2, "Location")]) == ["Location"]
     assert labels_of([(T1, "Entity"), (T2, "Entity")]) == ["Entity"]
+
+
+def test_changed_edges_are_the_new_ones_and_those_whose_belief_differs():
+    """`changed_edges` keeps an edge the store lacks, or one whose stored open version
+    differs in a versioned field (a null equal only to a null, a list to the same list),
+    as the field-by-field `_same_belief` of each pair says."""
+    from tkg.pipeline.facts import VERSIONED_FIELDS, _same_belief, changed_edges
+
+    def edge(edge_id: str, **given: object) -> dict:
+        return {"edge_id": edge_id, "source_entity_id": "s", "target_entity_id": "t",
+                "relation": "LIVES_IN", "fact": "s lives in t", "episode_ids": ["e1"],
+                "valid_at": T1, "invalid_at": None, "invalidated_by": None, **given}
+
+    stored = [edge("same"), edge("fact"), edge("ended"), edge("lists"), edge("nulls",
+              episode_ids=None), edge("twice", fact="old"), edge("twice")]
+    now = [edge("same"), edge("fact", fact="s moved to t"), edge("ended", invalid_at=T2),
+           edge("lists", episode_ids=["e1", "e2"]), edge("nulls", episode_ids=[]),
+           edge("twice"), edge("new")]
+    table_schema = pa.schema([(name, pa.list_(pa.string()) if name == "episode_ids" else
+                               pa.timestamp("us", tz="UTC") if name.endswith("_at")
+                               else pa.string()) for name in ["edge_id", *VERSIONED_FIELDS]])
+    got = changed_edges(pa.Table.from_pylist(now, schema=table_schema),
+                        pa.Table.from_pylist(stored, schema=table_schema))
+    before = {row["edge_id"]: row for row in stored}
+    want = [row["edge_id"] for row in now
+            if row["edge_id"] not in before or not _same_belief(before[row["edge_id"]], row)]
+    assert got["edge_id"].to_pylist() == want == ["fact", "ended", "lists", "nulls", "new"]

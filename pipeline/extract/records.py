@@ -46,6 +46,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from tkg.pipeline import schema
 from tkg.pipeline.config import FactsConfig, RecordsConfig, RecordSource
 from tkg.pipeline.extract.base import (
@@ -467,8 +468,15 @@ def apply_version_ends(edges: pa.Table) -> pa.Table:
     names = [n for n in edges.column_names if n not in END_COLUMNS[1:]]
     if "record_invalid_at" not in edges.column_names or edges.num_rows == 0:
         return edges.select(names)  # no record ends joined
-    rows = edges.to_pylist()
+    # only the ends of the rows a record version ends change: every row of the
+    # 160,000-episode night's 60,000 edges made a dict and back, 0.66 s
+    ended = pc.is_valid(edges["record_invalid_at"]).combine_chunks()
+    ends = ["invalid_at", "invalidated_by"]
+    rows = edges.filter(ended).select([*ends, *END_COLUMNS[1:]]).to_pylist()
     for edge in rows:
-        if edge["record_invalid_at"] is not None:
-            _end(edge, edge["record_invalid_at"], edge["record_invalidated_by"])
-    return pa.Table.from_pylist(rows, schema=edges.schema).select(names)
+        _end(edge, edge["record_invalid_at"], edge["record_invalidated_by"])
+    for name in ends:
+        column = edges[name].combine_chunks()
+        edges = edges.set_column(edges.schema.get_field_index(name), name, pc.replace_with_mask(
+            column, ended, pa.array([edge[name] for edge in rows], column.type)))
+    return edges.select(names)
