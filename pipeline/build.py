@@ -35,7 +35,7 @@ from tkg.pipeline import (
     visibility,
 )
 from tkg.pipeline.config import StorageConfig, TkgConfig
-from tkg.pipeline.datasets import EMPTY_PART
+from tkg.pipeline.datasets import EMPTY_PART, rows_in
 from tkg.pipeline.embed import embedding_dim
 from tkg.pipeline.llm.usage import llm_summary
 from tkg.pipeline.stages import PUBLISHES, STAGES, Publish, RunContext, Stage
@@ -186,10 +186,11 @@ def _writer(source: Location, table_schema: pa.Schema,
     def write(target: Location) -> int:
         config = storage.configured()
         limit = PUBLISHED_FILE_BYTES
-        calls = [(batch, target, table_schema, config) for batch in _batches(
-            storage.file_sizes(source, suffixes={".parquet"}), limit)]
+        parts = storage.file_sizes(source, suffixes={".parquet"})
+        calls = [(batch, target, table_schema, config) for batch in _batches(parts, limit)]
         if replacing is not None:
-            key, keys = replacing[1], ray.put(_keys(source, replacing[1]))
+            key = replacing[1]
+            keys = ray.put(_keys([path for path, _ in parts], key))
             calls += [(batch, target, table_schema, config, key, keys)
                       for batch in _batches(_sized(replacing[0]), limit)]
         rows = sum(engine.run_tasks(_write_parts, calls))
@@ -199,9 +200,8 @@ def _writer(source: Location, table_schema: pa.Schema,
     return write
 
 
-def _keys(source: Location, key: str) -> pa.Array:
-    """The distinct `key` values of a stage output's part files."""
-    files = [path for path, _ in storage.file_sizes(source, suffixes={".parquet"})]
+def _keys(files: Sequence[str], key: str) -> pa.Array:
+    """The distinct `key` values of a stage output's part `files`."""
     columns = storage.each(lambda path: storage.read_parquet(path, columns=[key])[key], files)
     return pc.unique(pa.chunked_array([chunk.cast(pa.string()) for column in columns
                                        for chunk in column.chunks], pa.string()))
@@ -234,8 +234,7 @@ def _write_parts(paths: Sequence[str], target: Location, table_schema: pa.Schema
     storage.configure(config)  # a worker writes to the store the driver was told about
     tables = [schema.conform(storage.read_parquet(path), table_schema) for path in paths]
     if key is not None:
-        tables = [t.filter(pc.invert(pc.fill_null(pc.is_in(t[key], value_set=keys), False)))
-                  for t in tables]
+        tables = [rows_in(t, t[key], keys, keep=False) for t in tables]
     table = pa.concat_tables([t for t in tables if t.num_rows] or tables[:1])
     if table.num_rows == 0:
         return 0

@@ -31,10 +31,15 @@ def _read_file(path: str, config: StorageConfig | None,
 
 
 def _with_keys(table: pa.Table, keys: Keys | None) -> pa.Table:
-    if keys is None:
-        return table
-    column, values = keys
-    return table.filter(pc.fill_null(pc.is_in(table[column], value_set=values), False))
+    return table if keys is None else rows_in(table, table[keys[0]], keys[1])
+
+
+def rows_in(table: pa.Table, keys: pa.Array | pa.ChunkedArray, values: pa.Array,
+            keep: bool = True) -> pa.Table:
+    """The rows of `table` whose key (`keys`, one per row) is one of `values`, or with
+    `keep` false those whose key is not; a null key is in no set."""
+    found = pc.fill_null(pc.is_in(keys, value_set=values), False)
+    return table.filter(found if keep else pc.invert(found))
 
 
 def read_parquet_files(files: Sequence[str], columns: Sequence[str] | None = None,

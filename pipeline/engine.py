@@ -35,6 +35,7 @@ from tkg.pipeline.datasets import (
     empty_dataset,
     from_block_refs,
     from_tables,
+    rows_in,
 )
 
 MB = 2**20
@@ -356,8 +357,8 @@ def _with_keys_of(right: pa.Table, left: pa.Table, key: str) -> pa.Table:
     """The rows of `right` whose `key` the `left` holds (a null key matches nothing, as in
     the join); `right` whole where the two key types do not compare."""
     try:
-        wanted = pc.unique(left[key]).cast(right.schema.field(key).type)
-        return right.filter(pc.fill_null(pc.is_in(right[key], value_set=wanted), False))
+        return rows_in(right, right[key], pc.unique(left[key]).cast(
+            right.schema.field(key).type))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return right
 

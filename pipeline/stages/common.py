@@ -12,7 +12,7 @@ from ray.data import Dataset
 from tkg.pipeline import engine, runner, schema, store
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import Publish, RunContext
-from tkg.pipeline.datasets import Keys, read_parquet_files
+from tkg.pipeline.datasets import Keys, read_parquet_files, rows_in
 from tkg.pipeline.embed import RANKED, EmbedColumn, shared_embedder
 
 INTERNAL_EXTRACTIONS = "_extractions"  # published with each snapshot, not in the catalog
@@ -110,8 +110,7 @@ def in_set(column: str, values: set[str], keep: bool = True,
             return batch
         keys = (batch[column] if group_column is None
                 else name_keys(batch[group_column], batch[column]))
-        found = pc.fill_null(pc.is_in(keys, value_set=value_set), False)
-        return batch.filter(found if keep else pc.invert(found))
+        return rows_in(batch, keys, value_set, keep)
 
     return select
 
