@@ -115,6 +115,15 @@ def in_set(column: str, values: set[str], keep: bool = True,
     return select
 
 
+def on_one_side(ctx: RunContext, before: Dataset, after: Dataset, keys: list[str]
+                ) -> Dataset:
+    """The rows (their `keys` columns) that one of `before` and `after` holds and the other
+    lacks: what changed between two versions of a table."""
+    a, b = (engine.map(ctx, rows, only, keys).materialize() for rows in (before, after))
+    return engine.union(ctx, engine.join(ctx, a, b, "left_anti", tuple(keys)),
+                        engine.join(ctx, b, a, "left_anti", tuple(keys)))
+
+
 def distinct_entities(block: pa.Table) -> pa.Table:
     """The distinct `entity_id`s of a block (a shuffle by entity makes them distinct)."""
     return block.group_by("entity_id").aggregate([])

@@ -22,6 +22,7 @@ from tkg.pipeline.stages.common import (
     in_set,
     join_alias_map,
     name_keys,
+    on_one_side,
     only,
     open_versions,
     previous_table,
@@ -341,11 +342,7 @@ def _changed_entities(ctx: RunContext, stored_names: Dataset, alias_map: Dataset
     """`resolve.changed_entities` by engine joins: an entity's names differ exactly when one
     of its (group, name, entity) rows is on one side only (an entity id belongs to one
     group). Only those rows, the names that changed, come to the driver."""
-    before = engine.map(ctx, stored_names, only, NAME_COLUMNS).materialize()
-    after = engine.map(ctx, alias_map, only, NAME_COLUMNS).materialize()
-    keys = tuple(NAME_COLUMNS)
-    differing = engine.union(ctx, engine.join(ctx, before, after, "left_anti", keys),
-                             engine.join(ctx, after, before, "left_anti", keys))
+    differing = on_one_side(ctx, stored_names, alias_map, NAME_COLUMNS)
     names = engine.gather(ctx, differing, ["entity_id"], what="changed names")
     return set(names["entity_id"].to_pylist())
 

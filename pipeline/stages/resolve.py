@@ -22,6 +22,7 @@ from tkg.pipeline.stages.common import (
     distinct_entities,
     grown,
     join_alias_map,
+    on_one_side,
     only,
     previous_table,
 )
@@ -152,7 +153,7 @@ def _resolved(ctx: RunContext, inputs: dict[str, Dataset],
     with_entity = join_alias_map(grown(ctx, MENTIONS, inputs["entity_mentions"]),
                                  alias_map, ctx, "normalized")
     by_entity = engine.partition(ctx, with_entity, ["group_id", "entity_id"])  # 2 uses
-    entities = _entities(ctx, by_entity, alias_map, inputs["extractions"])
+    entities = _entities(ctx, by_entity, alias_map, inputs["entity_mentions"])
     return {
         "resolution_pairs": pairs,
         "alias_map": alias_map,
@@ -166,7 +167,8 @@ def _entities(ctx: RunContext, by_entity: Dataset, alias_map: Dataset, new: Data
               ) -> Dataset:
     """`resolve.resolve_entities` of the mentions `by_entity` (partitioned by entity). An
     entity's row is a function of its mentions and of its names' alias rows, so a later run
-    computes again only the entities of tonight's mentions (`new` extractions) and those
+    computes again only the entities of tonight's mention rows (`new`: the names stage's
+    own, `names.MENTIONS`; every mention where it mapped all again) and those
     with an alias row the previous snapshot's `_name_map` lacks or holds otherwise; the
     others keep the row the previous snapshot keeps (`_resolved_entities`), with this run's
     transaction time as every row gets. Every entity's row was 0.94 s of the
@@ -177,12 +179,9 @@ def _entities(ctx: RunContext, by_entity: Dataset, alias_map: Dataset, new: Data
             set(schema.NAME_MAP.names) <= set(engine.columns(before))):
         return engine.map(ctx, by_entity, resolve.resolve_entities, ctx.created_at,
                           batch_size=None).materialize()
-    mentioned = join_alias_map(engine.map(ctx, new, resolve.mention_rows), alias_map, ctx,
-                               "normalized")
-    keys = tuple(schema.NAME_MAP.names)
+    mentioned = join_alias_map(new, alias_map, ctx, "normalized")
     differing = engine.union(ctx, *(engine.map(ctx, rows, only, ["entity_id"]) for rows in (
-        engine.join(ctx, before, alias_map, "left_anti", keys),
-        engine.join(ctx, alias_map, before, "left_anti", keys), mentioned)))
+        on_one_side(ctx, before, alias_map, schema.NAME_MAP.names), mentioned)))
     redo = engine.shuffle(ctx, differing, ["entity_id"], distinct_entities).materialize()
     ctx.count("entities_resolved_again", redo.count())
     mentions = engine.partition(ctx, engine.join(ctx, by_entity, redo, "inner",
