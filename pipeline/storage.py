@@ -200,8 +200,8 @@ def write_bytes(location: str | Path, data: bytes, config: StorageConfig | None 
 
 
 def input_file(location: str | Path, config: StorageConfig | None = None) -> pa.NativeFile:
-    """A file or object to read at any offset (`read_at`): on S3 each read is a ranged
-    GET."""
+    """A file or object to read at any offset (`seek`, then `readinto`): on S3 each read is
+    a ranged GET."""
     fs, path = resolve(location, config)
     return fs.open_input_file(path)
 
