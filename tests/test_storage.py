@@ -115,6 +115,35 @@ def test_read_parquet_object(s3, settings, tmp_path):
     assert remote.num_rows == len(rows) == stats.episodes_ok
 
 
+def _kept_by_key(rows):
+    """The rows of every third key, as a keyed read keeps them (`datasets.rows_in`)."""
+    from tkg.pipeline.datasets import rows_in
+
+    return rows_in(rows, rows["key"], pa.array([f"k{i}" for i in range(0, 50, 3)]))
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_keyed_read_streams_a_file_into_its_kept_rows(s3, settings, tmp_path, where):
+    """A file read a batch at a time gives the rows a read of it whole and filtered gives,
+    in the columns asked for and their order, and an empty table of them when none is
+    kept (`storage.read_parquet_rows`)."""
+    table = pa.table({"group_id": ["g"] * 50, "key": [f"k{i}" for i in range(50)],
+                      "vector": pa.array([[float(i)] * 4 for i in range(50)],
+                                         pa.list_(pa.float32(), 4)),
+                      "n": pa.array(range(50), pa.int64())})
+    location = (tmp_path / "t.parquet") if where == "local" else f"{s3.url()}/t.parquet"
+    storage.write_parquet(table, location, settings, row_group_size=16)
+    columns = ["vector", "key"]
+    streamed = storage.read_parquet_rows(location, _kept_by_key, columns, settings,
+                                         batch_rows=7)
+    whole = storage.read_parquet(location, columns, settings)
+    assert streamed.column_names == columns
+    assert streamed.equals(_kept_by_key(whole).combine_chunks())
+    assert streamed.num_rows == 17
+    none = storage.read_parquet_rows(location, lambda rows: rows.slice(0, 0), None, settings)
+    assert none.num_rows == 0 and none.schema.names == table.schema.names
+
+
 def test_lancedb_on_object_storage(s3, settings):
     """LanceDB writes and searches a table under the bucket with the same settings."""
     import lancedb

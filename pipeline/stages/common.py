@@ -207,13 +207,19 @@ def embed_changed(ctx: RunContext, ds: Dataset, table: str, key: str, text: str,
 
 
 def split_stored(ctx: RunContext, ds: Dataset, table: str, key: str, text: str,
-                 vector: str, what: str | None = None) -> tuple[Dataset, Dataset | None]:
+                 vector: str, what: str | None = None, keyed: bool = False
+                 ) -> tuple[Dataset, Dataset | None]:
     """The rows of `ds` whose (key, text) the previous snapshot's `table` does not hold,
-    and the others with their stored `vector` (None: no such rows)."""
+    and the others with their stored `vector` (None: no such rows). `keyed`: the stored
+    rows of `ds`'s keys alone are read (`key` nearly unique and `ds` a night's rows: the
+    160,000-episode store's facts with their vectors were 240 MB of the driver, for the
+    4,839 edges of a night)."""
     columns = [key, text, vector]
     if "expired_at" in schema.PUBLISHED[table](1).names:
         columns.append("expired_at")  # of versioned tables, the open versions' texts
-    stored = previous_table(ctx, table, columns)
+    keys = (key, pc.unique(engine.gather(ctx, ds, [key], what=f"{what or table} keys")[key]
+                           .combine_chunks())) if keyed and ctx.previous is not None else None
+    stored = previous_table(ctx, table, columns, keys)
     if stored is None:
         return ds, None
     old = engine.map(ctx, stored, _stored_vectors(key, text, vector))

@@ -60,7 +60,7 @@ def embed_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
     same text keep their vectors."""
     episodes = engine.map(ctx, inputs["episodes"], _episode_text)
     facts, kept = split_stored(ctx, inputs["merged_facts"], "facts", "edge_id", "fact",
-                               "fact_embedding")
+                               "fact_embedding", keyed=True)
     facts = engine.map(ctx, facts, _fact_text)
     texts = engine.union(ctx, *(engine.map(ctx, rows, only, [TEXT])
                                 for rows in (episodes, facts)))
