@@ -214,6 +214,58 @@ def output_stream(location: str | Path, config: StorageConfig | None = None) -> 
     return fs.open_output_stream(path)
 
 
+Piece = tuple[int, int] | bytes | memoryview  # (offset, size) of a source's bytes, or bytes
+
+
+def write_spliced(target: Location, source: Location, pieces: Iterable[Piece],
+                  config: StorageConfig | None = None, window: int = 32 * 2**20) -> None:
+    """A file of ranges of `source` and of bytes, in the order of `pieces` (the ranges in
+    increasing offsets). Locally the kernel copies the ranges (`os.copy_file_range`: the
+    160,000-episode store's unit vectors, 240 MB, in 0.06-0.13 s, against 0.6 s read and
+    written by this process); elsewhere `source` is read a `window` of bytes at a time (on
+    an object store a ranged GET each), and the ranges are written from it."""
+    if not is_url(target) and not is_url(source) and hasattr(os, "copy_file_range"):
+        _splice_locally(Path(target), Path(source), pieces)
+        return
+    with input_file(source, config) as handle, output_stream(target, config) as out:
+        window_of = _Window(handle, window)
+        for piece in pieces:
+            out.write(window_of.read(*piece) if isinstance(piece, tuple) else piece)
+
+
+def _splice_locally(target: Path, source: Path, pieces: Iterable[Piece]) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(source, "rb") as src, open(target, "wb") as out:
+        for piece in pieces:
+            if not isinstance(piece, tuple):
+                out.write(piece)
+                continue
+            out.flush()  # (the copy writes at the descriptor's offset)
+            offset, left = piece
+            while left:
+                copied = os.copy_file_range(src.fileno(), out.fileno(), left, offset)
+                if not copied:
+                    raise EOFError(f"{source} ends before byte {offset + left}")
+                offset, left = offset + copied, left - copied
+
+
+class _Window:
+    """Ranges `(offset, size)` of a file read through one window of it, read again when a
+    range leaves it."""
+
+    def __init__(self, handle: pa.NativeFile, size: int) -> None:
+        self.handle, self.size = handle, size
+        self.start, self.data = 0, memoryview(b"")
+
+    def read(self, offset: int, size: int) -> memoryview:
+        if not self.start <= offset or offset + size > self.start + len(self.data):
+            self.handle.seek(offset)
+            self.start, self.data = offset, memoryview(self.handle.read(max(size, self.size)))
+        if offset + size > self.start + len(self.data):
+            raise EOFError(f"the source ends before byte {offset + size}")
+        return self.data[offset - self.start:offset - self.start + size]
+
+
 def _parent(fs: pafs.FileSystem, path: str) -> None:
     """A local file needs its folder; an object store has none to make (pyarrow would
     write an empty marker object per `create_dir`)."""
@@ -373,13 +425,15 @@ def read_parquet(location: Location, columns: Sequence[str] | None = None,
 
 def read_parquet_rows(location: Location, keep: Callable[[pa.RecordBatch], pa.RecordBatch],
                       columns: Sequence[str] | None = None,
-                      config: StorageConfig | None = None, batch_rows: int = 8_192) -> pa.Table:
+                      config: StorageConfig | None = None, batch_rows: int = 1_024) -> pa.Table:
     """The rows of one Parquet file that `keep` leaves of each batch, read a batch at a
-    time: the file's kept rows are held, not the file (a 58 MB file of the 160,000-episode
-    store's facts, 367 of its rows kept: 122 MB of peak read whole, 49 MB so)."""
+    time through a buffer of 1 MB: the file's kept rows are held, not the file. The
+    160,000-episode store's facts (9 files, 16 at once), 4,404 rows kept: Arrow's peak
+    was 499 MB read whole, 634 MB by batches of 8,192 rows with pre-buffering (the
+    default), 113 MB so (and 0.37 s against 1.0)."""
     fs, path = resolve(location, config)
     with fs.open_input_file(path) as handle:
-        parquet = pq.ParquetFile(handle, buffer_size=1 << 20)
+        parquet = pq.ParquetFile(handle, buffer_size=1 << 20, pre_buffer=False)
         names = parquet.schema_arrow.names if columns is None else list(columns)
         wanted = pa.schema([parquet.schema_arrow.field(name) for name in names])
         kept = [keep(batch) for batch in parquet.iter_batches(batch_rows, columns=names)]

@@ -17,9 +17,10 @@ object store they are read whole.
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,24 +90,25 @@ def _unit_batch(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
 def _write_vectors(location: Location, table: Any, keys: np.ndarray,
                    earlier: Earlier | None) -> None:
     """`unit_vectors` in the order of `keys`, written as a `.npy` file: with the `earlier`
-    arrays of the version an extension started from, streamed (`_extended_vectors`)."""
+    arrays of the version an extension started from, spliced (`_extended_vectors`)."""
     extended = None if earlier is None else _extended_vectors(table, keys, earlier)
     if extended is None:
         vectors = unit_vectors(table, len(keys), keys)
         _write_file(location, lambda out: np.save(out, vectors))
     else:
-        _write_file(location, extended)
+        storage.write_spliced(location, *extended)
 
 
-def _extended_vectors(table: Any, keys: np.ndarray, earlier: Earlier, chunk: int = 16_384
-                      ) -> Callable[[Any], None] | None:
-    """A writer of the unit vectors of rows `keys`: the rows the `earlier` arrays hold
-    copied from their file a chunk of rows at a time (kept rows keep their order, so each
-    chunk's are one run of the earlier file), the others (the keys an extension added,
-    above every kept one) read from LanceDB. None where the earlier arrays kept no
-    vectors, hold none of the rows, lack a key below one they hold, or differ in width.
-    Loading the earlier vectors and taking them into a new array were 1.3 s and 480 MB
-    of the driver (two tables of 240 MB) in the 160,000-episode night's publish."""
+def _extended_vectors(table: Any, keys: np.ndarray, earlier: Earlier
+                      ) -> tuple[Location, Iterator[storage.Piece]] | None:
+    """The unit vectors of rows `keys` as the earlier vectors file and the pieces of the new
+    one (`storage.write_spliced`): its header, each run of rows the `earlier` arrays hold
+    in the same order (a range of their file), and each run of the others (the keys an
+    extension added, above every kept one) read from LanceDB. None where the earlier arrays
+    kept no vectors, hold none of the rows, lack a key below one they hold, or differ in
+    width. Loading the earlier vectors and taking them into a new array were 1.3 s and 480
+    MB of the driver (two tables of 240 MB) in the 160,000-episode night's publish;
+    reading, taking and writing them a chunk of rows at a time, 1.36 s (py-spy)."""
     name = earlier.saved.listed.get("vectors")
     found, have = earlier.found, earlier.found >= 0
     first_new = int(keys[~have].min()) if not have.all() else int(keys.max(initial=-1)) + 1
@@ -118,37 +120,29 @@ def _extended_vectors(table: Any, keys: np.ndarray, earlier: Earlier, chunk: int
     added_at, added = _added_vectors(table, keys, first_new, shape[1])
     if added is None:
         return None
-    rows = len(keys)
+    header = io.BytesIO()
+    np.lib.format.write_array_header_1_0(header, {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+        "shape": (len(keys), shape[1])})
+    width = shape[1] * 4
 
-    def write(out: Any) -> None:
-        np.lib.format.write_array_header_1_0(out, {
-            "descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)),
-            "fortran_order": False, "shape": (rows, shape[1])})
-        width = shape[1] * 4
-        # two buffers for every chunk: memory new to the process faults in page by page,
-        # and a chunk's worth each time was most of this function's 1.3 s at 160,000
-        whole = np.empty((chunk, shape[1]), dtype=np.float32)
-        read = np.empty((chunk, shape[1]), dtype=np.float32)
-        with storage.input_file(source) as handle:
-            for start in range(0, rows, chunk):
-                part = whole[:min(chunk, rows - start)]
-                taken = found[start:start + len(part)]
-                kept = taken >= 0
-                if kept.any():
-                    low, high = int(taken[kept][0]), int(taken[kept][-1]) + 1
-                    if len(read) < high - low:  # (rows deleted within the chunk)
-                        read = np.empty((high - low, shape[1]), dtype=np.float32)
-                    handle.seek(offset + low * width)
-                    handle.readinto(memoryview(read[:high - low]).cast("B"))
-                    # one take (clip: no buffering of `out`); a masked assignment was
-                    # 0.66 s of the 160,000-episode night, for two tables
-                    np.take(read[:high - low], np.where(kept, taken - low, 0), axis=0,
-                            out=part, mode="clip")
-                lacking = np.flatnonzero(~kept)
-                part[lacking] = added[added_at[start + lacking]]
-                out.write(memoryview(part).cast("B"))  # (no copy to bytes)
+    def pieces() -> Iterator[storage.Piece]:
+        yield header.getvalue()
+        for start, end in _runs(found):
+            if found[start] >= 0:
+                yield offset + int(found[start]) * width, (end - start) * width
+            else:
+                yield memoryview(added[added_at[start:end]]).cast("B")
 
-    return write
+    return source, pieces()
+
+
+def _runs(found: np.ndarray) -> Iterator[tuple[int, int]]:
+    """[start, end) of each run of rows that are consecutive rows of the earlier file, or
+    that it lacks (`found` -1)."""
+    kept = found >= 0
+    cuts = np.flatnonzero((kept[1:] != kept[:-1]) | (kept[1:] & (np.diff(found) != 1))) + 1
+    return itertools.pairwise(np.r_[0, cuts, len(found)].tolist())
 
 
 def _added_vectors(table: Any, keys: np.ndarray, first_new: int, width: int

@@ -144,6 +144,24 @@ def test_a_keyed_read_streams_a_file_into_its_kept_rows(s3, settings, tmp_path, 
     assert none.num_rows == 0 and none.schema.names == table.schema.names
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_spliced_file_holds_its_ranges_and_bytes_in_order(s3, settings, tmp_path, where):
+    """`storage.write_spliced`: ranges of a source (copied by the kernel locally; read a
+    window at a time from an object store, here a window of 10 bytes: a range inside it,
+    one across it, one longer than it) and bytes, in the order given."""
+    root = tmp_path if where == "local" else s3.url()
+    source, target = storage.join(root, "source.bin"), storage.join(root, "out", "spliced.bin")
+    data = bytes(range(256)) * 4
+    storage.write_bytes(source, data, settings)
+    pieces = [b"head", (3, 5), (8, 4), memoryview(b"-mid-"), (40, 37), (600, 1), (1000, 24)]
+    storage.write_spliced(target, source, iter(pieces), settings, window=10)
+    expected = b"".join(p if not isinstance(p, tuple) else data[p[0]:p[0] + p[1]]
+                        for p in pieces)
+    assert storage.read_bytes(target, settings) == expected
+    with pytest.raises(EOFError):
+        storage.write_spliced(target, source, [(1020, 10)], settings, window=10)
+
+
 def test_lancedb_on_object_storage(s3, settings):
     """LanceDB writes and searches a table under the bucket with the same settings."""
     import lancedb

@@ -130,21 +130,20 @@ def test_arrays_of_an_extended_table_are_those_read_whole(tmp_path, monkeypatch)
     """A publish that extends a table starts its arrays from those of the version it
     extends (kept rows' meta, unit vectors and postings; only added rows read and
     tokenized): the same rows, the same vector bits and, term by term, the same postings
-    as arrays written from the whole extended table. The kept vectors are streamed from
-    the earlier file in chunks of rows (here of 5, so that chunks hold kept and added
-    rows alike)."""
+    as arrays written from the whole extended table. The new vectors file is spliced from
+    runs of the earlier file and the added rows (`_extended_vectors`)."""
     import pyarrow as pa
     from tkg.pipeline.index import Extendable, build_indexes
 
     streamed = []
     extended_vectors = table_arrays._extended_vectors
 
-    def in_small_chunks(table, keys, earlier, chunk=5):
-        writer = extended_vectors(table, keys, earlier, chunk)
-        streamed.append(writer is not None)
-        return writer
+    def spliced(table, keys, earlier):
+        pieces = extended_vectors(table, keys, earlier)
+        streamed.append(pieces is not None)
+        return pieces
 
-    monkeypatch.setattr(table_arrays, "_extended_vectors", in_small_chunks)
+    monkeypatch.setattr(table_arrays, "_extended_vectors", spliced)
     config = QueryConfig(ann_min_rows=10**9)
     tables, _ = _synthetic(tmp_path / "a", config)
     first = store.current_snapshot(tmp_path / "a")
