@@ -34,8 +34,8 @@ from tkg.pipeline import (
     store,
     visibility,
 )
-from tkg.pipeline.config import StorageConfig, TkgConfig
-from tkg.pipeline.datasets import EMPTY_PART, rows_in
+from tkg.pipeline.config import TkgConfig
+from tkg.pipeline.datasets import EMPTY_PART
 from tkg.pipeline.embed import embedding_dim
 from tkg.pipeline.llm.usage import llm_summary
 from tkg.pipeline.stages import PUBLISHES, STAGES, Publish, RunContext, Stage
@@ -193,7 +193,7 @@ def _writer(source: Location, table_schema: pa.Schema,
             keys = ray.put(_keys([path for path, _ in parts], key))
             calls += [(batch, target, table_schema, config, key, keys)
                       for batch in _batches(_sized(replacing[0]), limit)]
-        rows = sum(engine.run_tasks(_write_parts, calls))
+        rows = sum(engine.run_tasks(store.write_parts, calls))
         store.write_empty(target, table_schema)
         return rows
 
@@ -224,22 +224,6 @@ def _batches(files: Sequence[tuple[str, int]], limit: int) -> list[list[str]]:
         batches[-1].append(path)
         room -= size
     return batches
-
-
-@ray.remote
-def _write_parts(paths: Sequence[str], target: Location, table_schema: pa.Schema,
-                 config: StorageConfig | None, key: str | None = None,
-                 keys: pa.Array | None = None) -> int:
-    """Write the rows of `paths` (with a `key`: but those whose key is one of `keys`)."""
-    storage.configure(config)  # a worker writes to the store the driver was told about
-    tables = [schema.conform(storage.read_parquet(path), table_schema) for path in paths]
-    if key is not None:
-        tables = [rows_in(t, t[key], keys, keep=False) for t in tables]
-    table = pa.concat_tables([t for t in tables if t.num_rows] or tables[:1])
-    if table.num_rows == 0:
-        return 0
-    store.write_group_parts(table, target, table_schema)
-    return table.num_rows
 
 
 def publish(ctx: RunContext, store_dir: Location, seconds: dict[str, float],

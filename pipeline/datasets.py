@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import ray
 import ray.data
 from ray.data.dataset import MaterializedDataset
 from tkg.pipeline import storage
 from tkg.pipeline.config import StorageConfig
+from tkg.pipeline.storage import rows_in
 
 EMPTY_PART = "part-empty.parquet"  # what every writer of tkg names a file of no rows
 
 
 Keys = tuple[str, pa.Array]  # (a key column, the values of it to keep)
-Rows = TypeVar("Rows", pa.Table, pa.RecordBatch)
 
 
 @ray.remote
@@ -38,14 +37,6 @@ def _read(path: str, columns: Sequence[str] | None, keys: Keys | None) -> pa.Tab
     key, values = keys
     return storage.read_parquet_rows(path, lambda rows: rows_in(rows, rows[key], values),
                                      columns)
-
-
-def rows_in(table: Rows, keys: pa.Array | pa.ChunkedArray, values: pa.Array,
-            keep: bool = True) -> Rows:
-    """The rows of `table` whose key (`keys`, one per row) is one of `values`, or with
-    `keep` false those whose key is not; a null key is in no set."""
-    found = pc.fill_null(pc.is_in(keys, value_set=values), False)
-    return table.filter(found if keep else pc.invert(found))
 
 
 def read_parquet_files(files: Sequence[str], columns: Sequence[str] | None = None,

@@ -31,12 +31,11 @@ from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import RunContext
 from tkg.pipeline.datasets import (
     DriverDataset,
-    block_metadata,
     empty_dataset,
     from_block_refs,
     from_tables,
-    rows_in,
 )
+from tkg.pipeline.storage import rows_in
 
 MB = 2**20
 Block = Callable[..., pa.Table]
@@ -51,7 +50,8 @@ class SizePolicy:
     """The one rule of where work runs.
 
     - `driver_bytes` (`ray.driver_mb`): a computed dataset up to this size is mapped,
-      united, shuffled and joined in the driver, and stage outputs up to it are read here.
+      united, shuffled and joined in the driver, and stage outputs up to it are read here,
+      as is an input one read task would take alone.
     - `gather_bytes` (`ray.gather_mb`): the most one gather brings into the driver.
     - `model_rows` (`ray.driver_rows`): a model that can run in the driver (a CPU model,
       loaded once per process) takes up to this many rows itself, not an actor pool."""
@@ -75,6 +75,12 @@ class SizePolicy:
 
     def model_on_driver(self, rows: int) -> bool:
         return rows <= self.model_rows
+
+    def reads_on_driver(self, tasks: int, size: int) -> bool:
+        """Whether the driver reads an input itself: one task would read it alone (a big
+        file is read in spans, a task each) and its `size` bytes fit. A fresh worker took
+        0.3-0.5 s to take its first task, most of a night's read of 200 episodes."""
+        return tasks == 1 and size <= self.driver_bytes
 
 
 def policy(ctx: RunContext) -> SizePolicy:
@@ -401,21 +407,23 @@ def run_tasks(task: Any, calls: Iterable[tuple]) -> list:
     return ray.get([task.remote(*args) for args in calls])
 
 
-def described(*tables: pa.Table) -> list[Any]:
-    """The `block_metadata` of tables a Ray task returns, for `task_blocks` (called in the
-    task, where the tables are)."""
-    return [block_metadata(table) for table in tables]
-
-
-def task_blocks(task: Any, calls: Sequence[tuple], blocks: int
+def task_blocks(ctx: RunContext, task: Any, calls: Sequence[tuple], blocks: int, *,
+                local: Callable[..., tuple] | None = None, size: int = 0
                 ) -> tuple[list[Dataset], list[Any]]:
     """One Ray task of the remote function `task` per argument tuple, returning (with
-    `num_returns` = `blocks` + 1) `blocks` tables and then (a small value, `described(*tables)`):
-    a dataset per position, each task's table one of its blocks, and the small values. The
-    tables stay in the object store, so the driver holds none of them (a read of every
-    input file used to bring the whole input here and put it back)."""
+    `num_returns` = `blocks` + 1) `blocks` tables and then (a small value, the tables'
+    `datasets.block_metadata`, computed in the task where the tables are): a dataset per
+    position, each task's table one of its blocks, and the small values. The tables stay in
+    the object store, so the driver holds none of them (a read of every input file used to
+    bring the whole input here and put it back). `local`: the task's function in this
+    process (the tables, then the small value alone), which the driver runs itself where
+    the policy says (`SizePolicy.reads_on_driver`, of the `size` bytes the calls read)."""
     if not calls:
         return [empty_dataset() for _ in range(blocks)], []
+    if local is not None and policy(ctx).reads_on_driver(len(calls), size):
+        done = [local(*args) for args in calls]
+        return ([from_tables([tables[position] for tables in done])
+                 for position in range(blocks)], [tables[blocks] for tables in done])
     returned = [task.remote(*args) for args in calls]
     smalls = ray.get([refs[-1] for refs in returned])
     datasets = [from_block_refs([refs[position] for refs in returned],

@@ -20,16 +20,18 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlparse
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from tkg.pipeline.config import StorageConfig
 
 SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss")
+Rows = TypeVar("Rows", pa.Table, pa.RecordBatch)  # what `rows_in` filters
 Location = Path | str  # a local path, or an object-store URL (a str: Path folds `//`)
 # Concurrent requests where many small objects are read or written at once (footers of a
 # table's parts, a stage's output blocks): object stores answer each in ~ms of latency.
@@ -421,6 +423,14 @@ def read_parquet(location: Location, columns: Sequence[str] | None = None,
                  config: StorageConfig | None = None) -> pa.Table:
     fs, path = resolve(location, config)
     return pq.read_table(path, columns=columns, filesystem=fs, partitioning=None)
+
+
+def rows_in(table: Rows, keys: pa.Array | pa.ChunkedArray, values: pa.Array,
+            keep: bool = True) -> Rows:
+    """The rows of `table` whose key (`keys`, one per row) is one of `values`, or with
+    `keep` false those whose key is not; a null key is in no set."""
+    found = pc.fill_null(pc.is_in(keys, value_set=values), False)
+    return table.filter(found if keep else pc.invert(found))
 
 
 def read_parquet_rows(location: Location, keep: Callable[[pa.RecordBatch], pa.RecordBatch],

@@ -116,10 +116,8 @@ def test_read_parquet_object(s3, settings, tmp_path):
 
 
 def _kept_by_key(rows):
-    """The rows of every third key, as a keyed read keeps them (`datasets.rows_in`)."""
-    from tkg.pipeline.datasets import rows_in
-
-    return rows_in(rows, rows["key"], pa.array([f"k{i}" for i in range(0, 50, 3)]))
+    """The rows of every third key, as a keyed read keeps them (`storage.rows_in`)."""
+    return storage.rows_in(rows, rows["key"], pa.array([f"k{i}" for i in range(0, 50, 3)]))
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])

@@ -12,8 +12,9 @@ from ray.data import Dataset
 from tkg.pipeline import engine, runner, schema, store
 from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.context import Publish, RunContext
-from tkg.pipeline.datasets import Keys, read_parquet_files, rows_in
+from tkg.pipeline.datasets import Keys, read_parquet_files
 from tkg.pipeline.embed import RANKED, EmbedColumn, shared_embedder
+from tkg.pipeline.storage import rows_in
 
 INTERNAL_EXTRACTIONS = "_extractions"  # published with each snapshot, not in the catalog
 

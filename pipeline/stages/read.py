@@ -3,32 +3,12 @@ rejects."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-import pyarrow as pa
-import ray
 from ray.data import Dataset
 from tkg.pipeline import engine, sources, storage
-from tkg.pipeline.config import StorageConfig, TkgConfig
+from tkg.pipeline.config import StorageConfig
 from tkg.pipeline.context import Publish, RunContext, Stage
-
-
-@ray.remote(num_returns=3)
-def _read_file(path: Path | str | sources.Span, run_id: str, config: TkgConfig,
-               created_at: datetime
-               ) -> tuple[pa.Table, pa.Table, tuple[sources.ReadStats, list[Any]]]:
-    episodes, rejects, stats = sources.read_file(
-        path, run_id=run_id, limits=config.limits, created_at=created_at,
-        storage_config=config.storage)
-    return episodes, rejects, (stats, engine.described(episodes, rejects))
-
-
-@ray.remote
-def _lines_starting(path: Path | str, start: int, end: int, config: StorageConfig | None
-                    ) -> int:
-    return sources.lines_starting(path, start, end, config)
 
 
 def read_spans(files: list[Path | str], config: StorageConfig | None) -> list[sources.Span]:
@@ -36,7 +16,7 @@ def read_spans(files: list[Path | str], config: StorageConfig | None) -> list[so
     (`sources.spans`), each numbered from the lines before it (a task per span counts
     them: bytes read twice, once as a count)."""
     cut = storage.each(lambda path: sources.spans(path, config), files)
-    counts = iter(engine.run_tasks(_lines_starting, [
+    counts = iter(engine.run_tasks(sources.lines_task, [
         (path, start, end, config) for path, parts in zip(files, cut, strict=True)
         if len(parts) > 1 for start, end in parts]))
     out: list[sources.Span] = []
@@ -52,12 +32,16 @@ def read_spans(files: list[Path | str], config: StorageConfig | None) -> list[so
 
 
 def read_stage(ctx: RunContext, _: dict[str, Dataset]) -> dict[str, Dataset]:
-    """One Ray task per input file (or span of a big one); bad records become rejects with
-    file and line. The episodes and rejects stay in the object store; only the counts come
-    to the driver."""
+    """One Ray task per input file (or span of a big one), or the driver for an input one
+    task would read alone; bad records become rejects with file and line. Read by tasks,
+    the episodes and rejects stay in the object store; only the counts come to the
+    driver."""
+    spans = read_spans(list(ctx.files), ctx.config.storage)
+    size = sum(storage.each(lambda path: storage.size(path, ctx.config.storage),
+                            list(ctx.files)))
     (episodes, rejects), read = engine.task_blocks(
-        _read_file, [(span, ctx.run_id, ctx.config, ctx.created_at)
-                     for span in read_spans(list(ctx.files), ctx.config.storage)], 2)
+        ctx, sources.read_task, [(span, ctx.run_id, ctx.config, ctx.created_at)
+                                 for span in spans], 2, local=sources.read_span, size=size)
     for stats in read:
         for key in ("episodes_in", "episodes_ok", "rejected", "missing_timezone"):
             ctx.count(key, getattr(stats, key))
