@@ -173,27 +173,34 @@ def run_stages(ctx: RunContext, stages: Sequence[Stage] = STAGES,
 PUBLISHED_FILE_BYTES = 64 << 20
 
 
-def _writer(source: Location, table_schema: pa.Schema,
+def _writer(source: Location, table_schema: pa.Schema, policy: engine.SizePolicy,
             replacing: tuple[Sequence[Location], str] | None = None) -> store.TableWriter:
-    """Publish a stage output: one Ray task per batch of its part files (`_batches`) writes
-    the batch's group partitions. `replacing` (the previous snapshot's files of the table and
-    its key, `Publish.replaces`): and one per batch of those files, without the rows of the
-    keys the output holds. The 160,000-episode night's `versions` had read the stored facts
-    (315 MB) on Ray Data to join them with 10,000 edge ids and write them out again (3.2 s
-    of its 3.6); here each file is read, filtered and written once, in parallel, and small
-    files of earlier nights are merged up to `PUBLISHED_FILE_BYTES`."""
+    """Publish a stage output: each batch of its part files (`_batches`) written as the
+    batch's group partitions (`store.write_parts`). `replacing` (the previous snapshot's
+    files of the table and its key, `Publish.replaces`): and each batch of those files,
+    without the rows of the keys the output holds. The 160,000-episode night's `versions`
+    had read the stored facts (315 MB) on Ray Data to join them with 10,000 edge ids and
+    write them out again (3.2 s of its 3.6); here each file is read, filtered and written
+    once, in parallel, and small files of earlier nights are merged up to
+    `PUBLISHED_FILE_BYTES`. Files that fit the driver (`SizePolicy.writes_on_driver`) are
+    written by it, as many batches at once as fit; the others by a Ray task per batch (a
+    fresh worker's first task took 0.5-1 s, most of a 10,000-episode night's writes)."""
 
     def write(target: Location) -> int:
         config = storage.configured()
         limit = PUBLISHED_FILE_BYTES
         parts = storage.file_sizes(source, suffixes={".parquet"})
+        stored = _sized(replacing[0]) if replacing is not None else []
         calls = [(batch, target, table_schema, config) for batch in _batches(parts, limit)]
+        keys = _keys([path for path, _ in parts], replacing[1]) if replacing else None
+        here = policy.writes_on_driver(sum(size for _, size in (*parts, *stored)))
         if replacing is not None:
-            key = replacing[1]
-            keys = ray.put(_keys([path for path, _ in parts], key))
-            calls += [(batch, target, table_schema, config, key, keys)
-                      for batch in _batches(_sized(replacing[0]), limit)]
-        rows = sum(engine.run_tasks(store.write_parts, calls))
+            held = keys if here else ray.put(keys)
+            calls += [(batch, target, table_schema, config, replacing[1], held)
+                      for batch in _batches(stored, limit)]
+        rows = sum(storage.each(lambda call: store.write_parts(*call), calls,
+                                max(1, policy.driver_bytes // limit)) if here
+                   else engine.run_tasks(store.write_parts_task, calls))
         store.write_empty(target, table_schema)
         return rows
 
@@ -257,6 +264,7 @@ def stage_writers(ctx: RunContext, publishes: Mapping[str, str],
     rows of the keys the output lacks are kept."""
     replaced = replaced if ctx.previous is not None else None
     return {table: _writer(ctx.outputs[work], _published_schema(work, table, ctx.dim),
+                           engine.policy(ctx),
                            (store.table_files(ctx.previous, table), replaced[table])
                            if replaced and table in replaced else None)
             for work, table in publishes.items()}

@@ -50,8 +50,8 @@ class SizePolicy:
     """The one rule of where work runs.
 
     - `driver_bytes` (`ray.driver_mb`): a computed dataset up to this size is mapped,
-      united, shuffled and joined in the driver, and stage outputs up to it are read here,
-      as is an input one read task would take alone.
+      united, shuffled and joined in the driver, stage outputs up to it are read and
+      published here, as is an input one read task would take alone.
     - `gather_bytes` (`ray.gather_mb`): the most one gather brings into the driver.
     - `model_rows` (`ray.driver_rows`): a model that can run in the driver (a CPU model,
       loaded once per process) takes up to this many rows itself, not an actor pool."""
@@ -75,6 +75,10 @@ class SizePolicy:
 
     def model_on_driver(self, rows: int) -> bool:
         return rows <= self.model_rows
+
+    def writes_on_driver(self, size: int) -> bool:
+        """Whether the driver publishes files of `size` bytes itself, not Ray tasks."""
+        return size <= self.driver_bytes
 
     def reads_on_driver(self, tasks: int, size: int) -> bool:
         """Whether the driver reads an input itself: one task would read it alone (a big

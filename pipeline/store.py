@@ -108,15 +108,14 @@ def write_group_parts(table: pa.Table, table_dir: Location, table_schema: pa.Sch
     return pa.table({"group_id": list(counts), "rows": pa.array(list(counts.values()), pa.int64())})
 
 
-@ray.remote
 def write_parts(paths: Sequence[str], target: Location, table_schema: pa.Schema,
                 config: StorageConfig | None, key: str | None = None,
                 keys: pa.Array | None = None) -> int:
-    """A Ray task of publish: write the rows of part files `paths` under `target` (with a
-    `key`: but those whose key is one of `keys`). Here, not beside the build that calls it:
-    a worker imports the module of the function it runs, and the build's imports every
-    stage (igraph among them): 1.5 s of a fresh worker's first publish task, most of the
-    1.45 s the 10,000-episode night's facts took to write."""
+    """Write the rows of part files `paths` under `target` (with a `key`: but those whose
+    key is one of `keys`); in the driver, or as a Ray task of publish (`write_parts_task`),
+    which is here, not beside the build that calls it: a worker imports the module of the
+    function it runs, and the build's imports every stage (igraph among them), 1.5 s of a
+    fresh worker."""
     storage.configure(config)  # a worker writes to the store the driver was told about
     tables = [schema.conform(storage.read_parquet(path), table_schema) for path in paths]
     if key is not None:
@@ -126,6 +125,9 @@ def write_parts(paths: Sequence[str], target: Location, table_schema: pa.Schema,
         return 0
     write_group_parts(table, target, table_schema)
     return table.num_rows
+
+
+write_parts_task = ray.remote(write_parts)
 
 
 def write_empty(table_dir: Location, table_schema: pa.Schema) -> None:
