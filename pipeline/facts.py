@@ -164,23 +164,47 @@ def fact_rows(mentions: pa.Table, config: FactsConfig) -> pa.Table:
     """Fact mentions whose endpoints carry entity ids -> rows with an edge id. Self-loops
     that resolution made (two names of one entity: "Bob is Robert Kim") are dropped; a fact
     said of one entity (one name at both ends: "Ana creates a daily schedule") stays, and
-    is one edge per statement (`claim_key`), not per relation."""
-    rows = []
-    for row in mentions.to_pylist():
-        source, target = row["source_entity_id"], row["target_entity_id"]
-        if source == target and row.get("source_normalized") != row.get("target_normalized"):
-            continue
-        relation, cls, _ = relation_class(row["relation"], config)
-        claim = claim_key(row["fact"]) if source == target and cls is None else None
-        rows.append({
-            "edge_id": schema.stable_id(row["group_id"], "fact", source, target, relation,
-                                        *([claim] if claim else [])),
-            "group_id": row["group_id"], "episode_id": row["episode_id"],
-            "source_entity_id": source, "target_entity_id": target, "relation": relation,
-            "fact": row["fact"], "valid_at": row["valid_at"], "invalid_at": row["invalid_at"],
-            "target_key": row.get("target_key"),
-        })
-    return pa.Table.from_pylist(rows, schema=schema.FACT_ROWS)
+    is one edge per statement (`claim_key`), not per relation. Column by column, each
+    distinct relation classed once: a dict per row was 0.70 s of the 160,000-episode
+    night's facts (its rebuilt subjects' 58,665 mentions)."""
+    if mentions.num_rows == 0:  # (a block may come without columns)
+        return schema.FACT_ROWS.empty_table()
+    rows = mentions.filter(pc.invert(_made_self_loop(mentions)))
+    said = rows["relation"].to_pylist()
+    classed = {relation: relation_class(relation, config) for relation in set(said)}
+    relations = [classed[relation][0] for relation in said]
+    same = _eq_missing(rows["source_entity_id"], rows["target_entity_id"]).to_pylist()
+    claims = [claim_key(text) if alone and classed[relation][1] is None else None
+              for text, alone, relation in zip(rows["fact"].to_pylist(), same, said,
+                                               strict=True)]
+    edge_ids = [schema.stable_id(group, "fact", source, target, relation,
+                                 *([claim] if claim else []))
+                for group, source, target, relation, claim in zip(
+                    rows["group_id"].to_pylist(), rows["source_entity_id"].to_pylist(),
+                    rows["target_entity_id"].to_pylist(), relations, claims, strict=True)]
+    columns = {"edge_id": pa.array(edge_ids, pa.string()),
+               "relation": pa.array(relations, pa.string())}
+    return pa.table([columns[f.name] if f.name in columns
+                     else rows[f.name].cast(f.type) if f.name in rows.column_names
+                     else pa.nulls(rows.num_rows, f.type) for f in schema.FACT_ROWS],
+                    schema=schema.FACT_ROWS)
+
+
+def _made_self_loop(mentions: pa.Table) -> pa.Array:
+    """Whether each mention joins two names that resolution made one entity: the same
+    entity at both ends, named differently (a missing name column: never)."""
+    if "source_normalized" not in mentions.column_names or (
+            "target_normalized" not in mentions.column_names):
+        return pa.array([False] * mentions.num_rows, pa.bool_())
+    same = _eq_missing(mentions["source_entity_id"], mentions["target_entity_id"])
+    named = _eq_missing(mentions["source_normalized"], mentions["target_normalized"])
+    return pc.and_(same, pc.invert(named))
+
+
+def _eq_missing(left: pa.ChunkedArray, right: pa.ChunkedArray) -> pa.Array:
+    """Equality with a null equal to a null (Python's `==` on the rows' values)."""
+    both_null = pc.and_(pc.is_null(left), pc.is_null(right))
+    return pc.fill_null(pc.or_kleene(pc.equal(left, right), both_null), False)
 
 
 # --- texts that call their target by a record's key name -----------------------------------
@@ -233,14 +257,30 @@ def claim_key(text: str | None) -> str:
 
 
 def merge_facts(rows: pa.Table, created_at: datetime) -> pa.Table:
-    """Fact rows (any number of edges) -> the first version of each edge."""
-    by_edge: dict[str, list[dict]] = {}
-    for row in rows.to_pylist():
-        by_edge.setdefault(row["edge_id"], []).append(row)
-    return pa.Table.from_pylist(
-        [merge_edge(occurrences, created_at) for _, occurrences in sorted(by_edge.items())],
-        schema=schema.MERGED_FACTS,
-    )
+    """Fact rows (any number of edges) -> the first version of each edge, in edge order:
+    `merge_edge` of each edge's rows, by columns (an edge's rows share its group, ends and
+    relation: they are in its id). A dict per row was 0.52 s of the 160,000-episode
+    night's facts."""
+    import polars as pl
+
+    if rows.num_rows == 0:  # (a block may come without columns)
+        return schema.MERGED_FACTS.empty_table()
+    texts, relations = rows["fact"].to_pylist(), rows["relation"].to_pylist()
+    frame = pl.from_arrow(rows.select(["edge_id", "group_id", "source_entity_id",
+                                       "target_entity_id", "relation", "fact", "episode_id",
+                                       "valid_at", "invalid_at"])).with_columns(
+        _wordy=pl.Series([not _says(t, r) for t, r in zip(texts, relations, strict=True)],
+                         dtype=pl.Boolean),
+        _length=-pl.col("fact").str.len_chars().cast(pl.Int64))
+    best = pl.col("fact").sort_by(["_wordy", "_length", "fact"]).first()
+    merged = frame.group_by("edge_id").agg(
+        pl.col("group_id", "source_entity_id", "target_entity_id", "relation").first(),
+        best, pl.col("episode_id").unique().sort().alias("episode_ids"),
+        pl.col("valid_at").min(), pl.col("invalid_at").min()).sort("edge_id")
+    return schema.conform(merged.with_columns(
+        version=pl.lit(1, pl.Int64), created_at=pl.lit(created_at, pl.Datetime("us", "UTC")),
+        expired_at=pl.lit(None, pl.Datetime("us", "UTC")),
+        invalidated_by=pl.lit(None, pl.String)).to_arrow(), schema.MERGED_FACTS)
 
 
 def merge_edge(occurrences: list[dict], created_at: datetime) -> dict:

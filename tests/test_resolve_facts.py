@@ -99,6 +99,91 @@ def test_same_fact_in_other_words_is_one_edge_with_both_episodes():
     assert edge["source_entity_id"] == "ana-id"
 
 
+def _fact_rows_row_by_row(mentions: pa.Table, config: FactsConfig) -> pa.Table:
+    """`facts.fact_rows` as it was written, a dict per row: what the columnar one must
+    equal."""
+    from tkg.pipeline.facts import claim_key, relation_class
+
+    rows = []
+    for row in mentions.to_pylist():
+        source, target = row["source_entity_id"], row["target_entity_id"]
+        if source == target and row.get("source_normalized") != row.get("target_normalized"):
+            continue
+        relation, cls, _ = relation_class(row["relation"], config)
+        claim = claim_key(row["fact"]) if source == target and cls is None else None
+        rows.append({
+            "edge_id": schema.stable_id(row["group_id"], "fact", source, target, relation,
+                                        *([claim] if claim else [])),
+            "group_id": row["group_id"], "episode_id": row["episode_id"],
+            "source_entity_id": source, "target_entity_id": target, "relation": relation,
+            "fact": row["fact"], "valid_at": row["valid_at"], "invalid_at": row["invalid_at"],
+            "target_key": row.get("target_key"),
+        })
+    return pa.Table.from_pylist(rows, schema=schema.FACT_ROWS)
+
+
+def test_fact_rows_by_columns_equal_the_rows_one_by_one():
+    """Self-loops resolution made are dropped, a fact said of one entity is keyed by its
+    statement, relations are classed (synonyms, negations, endings), nulls of a name
+    compare as Python's `==` does, and a block without rows (or columns) gives none."""
+    config = FactsConfig()
+    cases = [  # (source id, target id, source name, target name, relation, text)
+        ("ana", "porto", "ana", "porto", "LIVE_IN", "Ana lives in Porto."),
+        ("ana", "porto", "ana", "porto", "MOVE_TO", "Ana moved to Porto"),
+        ("ana", "porto", "ana", "porto", "NOT_LIVE_IN", "Ana no longer lives in Porto"),
+        ("ana", "porto", "ana", "porto", "LEAVE", "Ana left Porto"),
+        ("ana", "ana", "ana", "ana maria", "IS", "Ana is Ana Maria"),  # made one: dropped
+        ("ana", "ana", "ana", "ana", "CREATE", "Ana creates  a daily schedule."),
+        ("ana", "ana", "ana", "ana", "CREATE", "ana creates a daily schedule"),
+        ("ana", "ana", "ana", "ana", "LIVE_IN", "Ana lives in Ana"),  # classed: no claim
+        ("ana", "ana", None, None, "SAY", "Ana says hi"),  # null names: equal
+        ("ana", "ana", "ana", None, "SAY", "Ana says so"),  # a null and a name: dropped
+        ("bob", "globex", "bob", "globex", "WORK_AT", "Bob works at Globex"),
+    ]
+    mentions = pa.table({
+        "group_id": ["g"] * len(cases), "episode_id": [f"e{i}" for i in range(len(cases))],
+        "source_entity_id": [c[0] for c in cases], "target_entity_id": [c[1] for c in cases],
+        "source_normalized": pa.array([c[2] for c in cases], pa.string()),
+        "target_normalized": pa.array([c[3] for c in cases], pa.string()),
+        "relation": [c[4] for c in cases], "fact": [c[5] for c in cases],
+        "valid_at": pa.array([T1] * len(cases), schema.TS),
+        "invalid_at": pa.array([None] * len(cases), schema.TS),
+        "target_key": pa.array([None, "EMP-2", *[None] * (len(cases) - 2)], pa.string())})
+    expected = _fact_rows_row_by_row(mentions, config)
+    assert fact_rows(mentions, config).equals(expected)
+    assert expected.num_rows == len(cases) - 2
+    unnamed = mentions.drop_columns(["source_normalized", "target_normalized", "target_key"])
+    assert fact_rows(unnamed, config).equals(_fact_rows_row_by_row(unnamed, config))
+    assert fact_rows(pa.table({}), config).equals(schema.FACT_ROWS.empty_table())
+
+
+def test_merged_facts_by_columns_equal_the_edges_one_by_one():
+    """`merge_facts` gives each edge what `merge_edge` gives its rows (the text that says
+    the relation, then the longest, then the first in code point order; the earliest
+    start and end; every episode once, in order), edges in id order; none of no rows."""
+    from tkg.pipeline.facts import merge_edge
+
+    texts = ["Ana lives in Porto.", "Ana moved to Porto", "Ana lived in Porto for years",
+             "Ana's home is Porto", "Ana lives in Porto!", "Zé lives in Porto", "Ana mora"]
+    rows = pa.table({
+        "edge_id": ["b", "a", "b", "b", "a", "c", "b"],
+        "group_id": ["g"] * 7, "episode_id": ["e3", "e1", "e2", "e3", "e9", "e4", "e0"],
+        "source_entity_id": ["s"] * 7, "target_entity_id": ["t"] * 7,
+        "relation": ["LIVES_IN", "MOVE_TO", "LIVES_IN", "LIVES_IN", "MOVE_TO", "LIVES_IN",
+                     "LIVES_IN"], "fact": texts,
+        "valid_at": pa.array([T2, None, T1, None, None, None, T2], schema.TS),
+        "invalid_at": pa.array([None, T2, None, T2, T1, None, None], schema.TS),
+        "target_key": pa.array([None] * 7, pa.string())})
+    by_edge: dict[str, list[dict]] = {}
+    for row in rows.to_pylist():
+        by_edge.setdefault(row["edge_id"], []).append(row)
+    expected = pa.Table.from_pylist([merge_edge(found, T2) for _, found in
+                                     sorted(by_edge.items())], schema=schema.MERGED_FACTS)
+    assert merge_facts(rows, T2).equals(expected)
+    assert merge_facts(rows.slice(0, 0), T2).num_rows == 0
+    assert merge_facts(pa.table({}), T2).equals(schema.MERGED_FACTS.empty_table())
+
+
 def test_entity_summaries_list_the_best_attested_facts_that_still_hold():
     from tkg.pipeline.facts import entity_summaries, summary_sources
 
