@@ -237,15 +237,23 @@ def write_spliced(target: Location, source: Location, pieces: Iterable[Piece],
 
 def _splice_locally(target: Path, source: Path, pieces: Iterable[Piece]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
+    kernel = True  # until the filesystem refuses (EXDEV, EINVAL, ENOSYS on some)
     with open(source, "rb") as src, open(target, "wb") as out:
         for piece in pieces:
             if not isinstance(piece, tuple):
                 out.write(piece)
                 continue
-            out.flush()  # (the copy writes at the descriptor's offset)
             offset, left = piece
             while left:
-                copied = os.copy_file_range(src.fileno(), out.fileno(), left, offset)
+                if kernel:
+                    out.flush()  # (the copy writes at the descriptor's offset)
+                    try:
+                        copied = os.copy_file_range(src.fileno(), out.fileno(), left, offset)
+                    except OSError:  # the bytes pass through this process instead
+                        kernel = False
+                        continue
+                else:
+                    copied = out.write(os.pread(src.fileno(), min(left, 1 << 24), offset))
                 if not copied:
                     raise EOFError(f"{source} ends before byte {offset + left}")
                 offset, left = offset + copied, left - copied

@@ -142,12 +142,19 @@ def test_a_keyed_read_streams_a_file_into_its_kept_rows(s3, settings, tmp_path, 
     assert none.num_rows == 0 and none.schema.names == table.schema.names
 
 
-@pytest.mark.parametrize("where", ["local", "s3"])
-def test_a_spliced_file_holds_its_ranges_and_bytes_in_order(s3, settings, tmp_path, where):
-    """`storage.write_spliced`: ranges of a source (copied by the kernel locally; read a
-    window at a time from an object store, here a window of 10 bytes: a range inside it,
-    one across it, one longer than it) and bytes, in the order given."""
-    root = tmp_path if where == "local" else s3.url()
+@pytest.mark.parametrize("where", ["local", "local without copy_file_range", "s3"])
+def test_a_spliced_file_holds_its_ranges_and_bytes_in_order(s3, settings, tmp_path, where,
+                                                             monkeypatch):
+    """`storage.write_spliced`: ranges of a source (copied by the kernel locally, or
+    through this process where the filesystem refuses; read a window at a time from an
+    object store, here a window of 10 bytes: a range inside it, one across it, one longer
+    than it) and bytes, in the order given."""
+    if where == "local without copy_file_range":
+        def refused(*_: object) -> int:
+            raise OSError(18, "Invalid cross-device link")
+
+        monkeypatch.setattr(storage.os, "copy_file_range", refused)
+    root = tmp_path if where.startswith("local") else s3.url()
     source, target = storage.join(root, "source.bin"), storage.join(root, "out", "spliced.bin")
     data = bytes(range(256)) * 4
     storage.write_bytes(source, data, settings)
