@@ -191,10 +191,10 @@ def _writer(source: Location, table_schema: pa.Schema, policy: engine.SizePolicy
         limit = PUBLISHED_FILE_BYTES
         parts = storage.file_sizes(source, suffixes={".parquet"})
         stored = _sized(replacing[0]) if replacing is not None else []
-        calls = [(batch, target, table_schema, config) for batch in _batches(parts, limit)]
-        keys = _keys([path for path, _ in parts], replacing[1]) if replacing else None
         here = policy.writes_on_driver(sum(size for _, size in (*parts, *stored)))
+        calls = [(batch, target, table_schema, config) for batch in _batches(parts, limit)]
         if replacing is not None:
+            keys = _keys([path for path, _ in parts], replacing[1])
             held = keys if here else ray.put(keys)
             calls += [(batch, target, table_schema, config, replacing[1], held)
                       for batch in _batches(stored, limit)]

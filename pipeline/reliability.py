@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, TypeVar
 
 from tkg.pipeline import schema, storage, store
-from tkg.pipeline.config import StorageConfig, TkgConfig
+from tkg.pipeline.config import TkgConfig
 from tkg.pipeline.faults import InjectedCrash
 from tkg.pipeline.storage import Location
 
@@ -82,10 +82,6 @@ def _readable(path: Location) -> bool:
         return False
 
 
-def input_bytes(files: list[Path | str], storage_config: StorageConfig | None = None) -> int:
-    return sum(storage.size(f, storage_config) for f in files)
-
-
 def preflight(store_dir: Location, files: list[Path | str], config: TkgConfig) -> None:
     """Fail before any work when the store cannot be written or the disk is nearly full (an
     object store has no free space to check; its bucket and credentials are)."""
@@ -101,7 +97,7 @@ def preflight(store_dir: Location, files: list[Path | str], config: TkgConfig) -
     if storage.is_url(store_dir):
         return
     free = shutil.disk_usage(store_dir).free
-    read = input_bytes(files, config.storage)
+    read = storage.total_size(files, config.storage)
     needed = int(limits.min_free_mb * 2**20 + limits.free_space_per_input_byte * read)
     if free < needed:
         raise store.StoreError(

@@ -484,6 +484,12 @@ def size(location: str | Path, config: StorageConfig | None = None) -> int:
     return fs.get_file_info(path).size or 0
 
 
+def total_size(locations: Sequence[Location], config: StorageConfig | None = None) -> int:
+    """The bytes of `locations` together, their sizes asked at once (on an object store a
+    request each)."""
+    return sum(each(lambda location: size(location, config), list(locations)))
+
+
 def delete_dir(location: str | Path, config: StorageConfig | None = None) -> None:
     """Remove a folder (a prefix) and everything under it; a missing one is fine."""
     fs, path = resolve(location, config)

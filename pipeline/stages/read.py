@@ -37,8 +37,7 @@ def read_stage(ctx: RunContext, _: dict[str, Dataset]) -> dict[str, Dataset]:
     the episodes and rejects stay in the object store; only the counts come to the
     driver."""
     spans = read_spans(list(ctx.files), ctx.config.storage)
-    size = sum(storage.each(lambda path: storage.size(path, ctx.config.storage),
-                            list(ctx.files)))
+    size = storage.total_size(list(ctx.files), ctx.config.storage)
     (episodes, rejects), read = engine.task_blocks(
         ctx, sources.read_task, [(span, ctx.run_id, ctx.config, ctx.created_at)
                                  for span in spans], 2, local=sources.read_span, size=size)
