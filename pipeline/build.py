@@ -181,27 +181,26 @@ def _writer(source: Location, table_schema: pa.Schema, policy: engine.SizePolicy
     without the rows of the keys the output holds. The 160,000-episode night's `versions`
     had read the stored facts (315 MB) on Ray Data to join them with 10,000 edge ids and
     write them out again (3.2 s of its 3.6); here each file is read, filtered and written
-    once, and small files of earlier nights are merged up to
-    `PUBLISHED_FILE_BYTES`. Files that fit the driver (`SizePolicy.writes_on_driver`) are
-    written by it, a batch at a time; the others by a Ray task per batch (a
-    fresh worker's first task took 0.5-1 s, most of a 10,000-episode night's writes)."""
+    once, and small files of earlier nights are merged up to `PUBLISHED_FILE_BYTES`. The
+    driver writes them itself, a thread per core, where they fit
+    (`SizePolicy.writes_on_driver`); else a Ray task per batch (a fresh worker's first
+    task took 0.5-1 s, most of a 10,000-episode night's writes)."""
 
     def write(target: Location) -> int:
         config = storage.configured()
         limit = PUBLISHED_FILE_BYTES
         parts = storage.file_sizes(source, suffixes={".parquet"})
         stored = _sized(replacing[0]) if replacing is not None else []
-        here = policy.writes_on_driver(sum(size for _, size in (*parts, *stored)))
+        threads = os.cpu_count() or 1
+        here = policy.writes_on_driver(sum(size for _, size in (*parts, *stored)), threads)
         calls = [(batch, target, table_schema, config) for batch in _batches(parts, limit)]
         if replacing is not None:
             keys = _keys([path for path, _ in parts], replacing[1])
             held = keys if here else ray.put(keys)
             calls += [(batch, target, table_schema, config, replacing[1], held)
                       for batch in _batches(stored, limit)]
-        # one batch at a time: read, filtered and split by group, a batch is held about
-        # three times (the 40,000-episode night's peak: 944-982 MB, 1,095-1,101 two at once)
-        rows = sum([store.write_parts(*call) for call in calls] if here
-                   else engine.run_tasks(store.write_parts_task, calls))
+        rows = sum(storage.each(lambda call: store.write_parts(*call), calls, threads)
+                   if here else engine.run_tasks(store.write_parts_task, calls))
         store.write_empty(target, table_schema)
         return rows
 

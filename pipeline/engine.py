@@ -76,9 +76,12 @@ class SizePolicy:
     def model_on_driver(self, rows: int) -> bool:
         return rows <= self.model_rows
 
-    def writes_on_driver(self, size: int) -> bool:
-        """Whether the driver publishes files of `size` bytes itself, not Ray tasks."""
-        return size <= self.driver_bytes
+    def writes_on_driver(self, size: int, threads: int) -> bool:
+        """Whether the driver publishes files of `size` bytes itself, `threads` at a time,
+        not Ray tasks. A publish streams (`store.write_parts` holds a batch and a row group
+        per group, not the files), so what bounds it is time, not memory: up to
+        `driver_bytes` per thread; beyond, the cluster's cores share it, a task per batch."""
+        return size <= self.driver_bytes * threads
 
     def reads_on_driver(self, tasks: int, size: int) -> bool:
         """Whether the driver reads an input itself: one task would read it alone (a big

@@ -38,6 +38,35 @@ def test_rows_without_group_are_kept(tmp_path):
     assert back["group_id"].to_pylist() == [None]
 
 
+def test_parts_are_streamed_into_a_file_per_group_without_the_replaced_keys(
+        tmp_path, monkeypatch):
+    """`write_parts` reads a batch at a time and writes a row group once a group's rows fill
+    one: the same rows as the files read whole, filtered and split by group (nulls too)."""
+    monkeypatch.setattr(store, "STREAM_ROWS", 3)
+    monkeypatch.setattr(store, "ROW_GROUP_BYTES", 1)
+    files = []
+    for part, groups in enumerate([["g1", "g2", "g1", None, "g1"], ["g2", "g2", "g1"]]):
+        rows = pa.table({"episode_id": [f"e{part}{i}" for i in range(len(groups))],
+                         "entity_id": [f"x{i % 3}" for i in range(len(groups))],
+                         "group_id": groups})
+        files.append(str(tmp_path / f"in{part}.parquet"))
+        pq.write_table(rows, files[-1])
+    written = store.write_parts(files, tmp_path / "out", schema.MENTIONS, None, "entity_id",
+                                pa.array(["x1"]))
+    expected = pa.concat_tables([pq.read_table(f) for f in files])
+    expected = expected.filter(pa.compute.not_equal(expected["entity_id"], "x1"))
+    assert written == expected.num_rows == 5
+    by_group = {}
+    for folder in sorted((tmp_path / "out").iterdir()):
+        (only,) = folder.iterdir()  # one file per group
+        by_group[folder.name] = sorted(pq.read_table(only)["episode_id"].to_pylist())
+        assert pq.ParquetFile(only).schema_arrow == schema.MENTIONS
+    assert by_group == {"group_id=_none": ["e03"], "group_id=g1": ["e00", "e02", "e12"],
+                        "group_id=g2": ["e10"]}
+    assert pq.ParquetFile(tmp_path / "out" / "group_id=g1" / next(
+        (tmp_path / "out" / "group_id=g1").iterdir()).name).metadata.num_row_groups > 1
+
+
 def test_current_switches_only_to_a_complete_snapshot(tmp_path):
     assert store.current_run(tmp_path) is None
     with pytest.raises(store.StoreError, match="tkg build"):
