@@ -55,8 +55,9 @@ class RayConfig(_Section):
     driver_mb: float = Field(
         256, ge=0, description="maps, unions, shuffles and joins of computed inputs up to "
         "this size (MB, Arrow) run in the driver, in one block, not on Ray Data (which starts "
-        "its operators for any size), stage outputs up to it are read and published by the "
-        "driver, as is an input file that one read task would take alone; 0 = always on Ray")
+        "its operators for any size), stage outputs up to it are read by the driver, as is an "
+        "input file that one read task would take alone, and publish writes up to it per "
+        "core of the driver itself (streamed); 0 = always on Ray")
     gather_mb: float = Field(
         1024, ge=0, description="the most one gather (a few columns of a dataset: ids, "
         "names, pair decisions) brings into the driver (MB, Arrow); past it the run stops "
