@@ -491,7 +491,7 @@ def blocking_keys(nodes: pa.Table, config: ResolveConfig, vectors: bool = True) 
     name vector. A business record's node (its key name, `mention_rows`) has these keys of
     its name (`Nancy Edwards`). With `vectors`, each band row carries its name's int8 vector
     (`name_vectors`), so that `candidate_pairs` decides embedding neighbours in one table.
-    The stage splits the same rows (`name_keys`, `name_rows`)."""
+    The stage splits the same rows (`name_rows`, and `name_keys` of those)."""
     table, parts = _named(nodes, config)
     spelled = _spelled(table, table["core"].to_pylist(), config)
     keyed = [spelled[0], _with_parts(table, parts), *spelled[1:]]
@@ -521,17 +521,33 @@ NAME_PAIRS = pa.schema([("group_id", pa.string()), ("kind", pa.string()),
                         ("normalized", pa.string()), ("normalized_b", pa.string())])
 
 
-def name_keys(nodes: pa.Table, config: ResolveConfig, bands: bool = True) -> pa.Table:
-    """`KEY_ROWS` of each node under its `c:`, `d:` and (with `bands`) `e` keys
-    (`blocking_keys`). A full run leaves the `e` keys out: each name's band codes go to the
-    shuffle by group (`name_rows`), where `decide_in_groups` finds the names that share one."""
-    table = nodes.select(["group_id", "normalized"]).append_column(
-        "mentions", pc.cast(nodes["mention_count"], pa.int64()))
-    keyed = _spelled(table, [order_free(core) for core in _cores(nodes, config)[1]], config)
-    embedded, band_keys = _bands(nodes, config) if bands else (None, [])
-    if len(band_keys):
-        keyed.append(table.take(pa.array(embedded)).append_column("key", band_keys))
+def name_keys(rows: pa.Table, config: ResolveConfig, bands: bool = True) -> pa.Table:
+    """`KEY_ROWS` of each name under its `c:`, `d:` and (with `bands`) `e` keys, the keys
+    `blocking_keys` gives its node, made from its "name" row of `name_rows` (with band
+    codes): its order-free core and its codes, so that a name's core is found once (the
+    160,000-episode night found every name's twice, 0.34 s each time). A full run leaves the
+    `e` keys out: each name's band codes go to the shuffle by group, where
+    `decide_in_groups` finds the names that share one."""
+    names = rows.filter(pc.equal(rows["tag"], "name"))
+    table = names.select(["group_id", "normalized", "mentions"])
+    keyed = _spelled(table, names["core"].to_pylist(), config)
+    if bands and names.num_rows:
+        codes = names["bands"].combine_chunks()
+        width = max(config.simhash_bands, 0)
+        present = pc.list_parent_indices(codes).to_numpy()
+        flat = pc.list_flatten(codes).to_numpy()
+        band_keys = [f"e{band}:{code}" for band, code in
+                     zip(np.tile(np.arange(width), len(flat) // width if width else 0), flat,
+                         strict=True)]
+        keyed.append(table.take(pa.array(present, pa.int64())).append_column(
+            "key", pa.array(band_keys, pa.string())))
     return pa.concat_tables([schema.conform(part, KEY_ROWS) for part in keyed])
+
+
+def without_bands(rows: pa.Table) -> pa.Table:
+    """`name_rows`' rows without their band codes (a later run's: its bands are keys)."""
+    at = rows.schema.get_field_index("bands")
+    return rows.set_column(at, "bands", pa.nulls(rows.num_rows, rows.schema.field(at).type))
 
 
 def name_rows(nodes: pa.Table, config: ResolveConfig, bands: bool = False) -> pa.Table:

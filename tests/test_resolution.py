@@ -10,6 +10,7 @@ from tkg.pipeline import schema
 from tkg.pipeline.config import ResolveConfig
 from tkg.pipeline.resolve import (
     BLOCKS,
+    KEY_ROWS,
     NAME_KEYS,
     NAMES,
     PAIRS,
@@ -187,7 +188,7 @@ def test_the_stage_decides_in_two_shuffles_as_one_table(max_block, bands_by_bloc
         node("Okafor, Daniel", mentions=2), node("Okafor"), node("Dr. Daniel Okafor"),
         node("Melanie Ruiz", mentions=2), node("Mel"), node("Ticket T-17", ("Ticket",)),
         node("T-17", ("Ticket",))])
-    keyed = name_keys(table, config, bands_by_block)
+    keyed = name_keys(name_rows(table, config, True), config, bands_by_block)
     assert set(keyed.column_names) == {"group_id", "key", "normalized", "mentions"}
     assert pc.any(pc.starts_with(keyed["key"], "e")).as_py() == bands_by_block
     spelling = pc.starts_with(keyed["key"], "d:")  # whole blocks in two partitions, and
@@ -201,6 +202,25 @@ def test_the_stage_decides_in_two_shuffles_as_one_table(max_block, bands_by_bloc
     if not bands_by_block:  # a full run: the blocks found in the shuffle by group alone
         alone = decide_in_groups(name_rows(table, config, True), config, True)
         assert _sorted(alone) == _sorted(distinct_pairs(whole))
+
+
+def test_name_keys_from_name_rows_are_the_blocking_keys_of_the_nodes():
+    """A later run makes each name's `c:`, `d:` and `e` keys from its row of `name_rows`
+    (its core and band codes, found once): the rows `blocking_keys` gives the nodes, in
+    its order, the `s:` and `n:` rows (`name_rows`' "short") left out."""
+    config = ResolveConfig()
+    table = _nodes_table([
+        node("Globex Corp", ("Organization",), 2, vector=_unit(1, 0.1, 0, 0)),
+        node("NYC", ("Location",), vector=_unit(0, 1, 0, 0)), node("Daniel Okafur"),
+        node("Dr. Daniel Okafor", mentions=3, vector=_unit(0, 0, 0, 1))])
+    every = blocking_keys(table, config, vectors=False)
+    short = pc.or_(pc.starts_with(every["key"], "s:"), pc.starts_with(every["key"], "n:"))
+    expected = every.filter(pc.invert(short)).select(KEY_ROWS.names)
+    keyed = name_keys(name_rows(table, config, True), config)
+    assert keyed.equals(expected.cast(KEY_ROWS))
+    assert pc.sum(pc.starts_with(keyed["key"], "e")).as_py() == 3 * config.simhash_bands
+    without = name_keys(name_rows(table, config, True), config, bands=False)
+    assert without.equals(keyed.filter(pc.invert(pc.starts_with(keyed["key"], "e"))))
 
 
 def test_simhash_codes_in_chunks_are_those_of_the_whole_matrix():

@@ -210,8 +210,9 @@ def resolve_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dat
     config = ctx.config.resolve
 
     def against_stored(nodes: Dataset) -> Dataset:
-        keyed = engine.map(ctx, nodes, resolve.name_keys, config, True).materialize()
-        names = engine.map(ctx, nodes, resolve.name_rows, config, False).materialize()
+        rows = engine.map(ctx, nodes, resolve.name_rows, config, True).materialize()
+        keyed = engine.map(ctx, rows, resolve.name_keys, config).materialize()
+        names = engine.map(ctx, rows, resolve.without_bands).materialize()
         return _pairs_against_stored(ctx, keyed, names, stored, inputs["extractions"])
 
     return _resolved(ctx, inputs, against_stored)
