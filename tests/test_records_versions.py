@@ -197,3 +197,93 @@ def test_version_ends_change_only_the_ends_of_the_rows_they_end():
     assert got.column_names == ["edge_id", "fact", "invalid_at", "invalidated_by"]
     assert got.to_pylist() == want
     assert [e["invalidated_by"] for e in want] == ["v2", "x", None, None, "v2", "a"]
+
+
+def _version_ends_by_rows(statements: pa.Table, config) -> list[dict]:
+    """The rule `version_ends` follows, statement by statement (its implementation until it
+    went column by column): the reference its output is held to."""
+    from tkg.pipeline import schema
+    from tkg.pipeline.facts import relation_class
+
+    def earlier(one, other) -> bool:
+        return (one[0], one[1] is not None, one[1] or "") < (
+            other[0], other[1] is not None, other[1] or "")
+
+    by_record: dict[tuple[str, str], list[dict]] = {}
+    for row in statements.to_pylist():
+        by_record.setdefault((row["group_id"], row["record"]), []).append(row)
+    ends, about = {}, {}
+    for (group_id, _), rows in sorted(by_record.items()):
+        tonight = any(r["tonight"] for r in rows)
+        versions = sorted({(r["valid_at"], r["episode_id"]) for r in rows
+                           if r["valid_at"] is not None})
+        order = {episode: index for index, (_, episode) in enumerate(versions)}
+        last, by_version = {}, {}
+        for row in rows:
+            source, target = row.get("source_entity_id"), row.get("target_entity_id")
+            if row["relation"] is None or source is None or target is None or (
+                    source == target or row["episode_id"] not in order):
+                continue
+            relation = relation_class(row["relation"], config)[0]
+            edge = schema.stable_id(group_id, "fact", source, target, relation)
+            index = order[row["episode_id"]]
+            last[edge] = max(last.get(edge, -1), index)
+            about[edge] = (source, tonight or about.get(edge, ("", False))[1])
+            by_version.setdefault((index, relation), []).append(edge)
+        relations = {e: r for (_, r), edges in by_version.items() for e in edges}
+        for edge, index in last.items():
+            if index + 1 < len(versions):
+                kept = by_version.get((index, relations[edge]), [])
+                causes = [e for e in by_version.get((index + 1, relations[edge]), [])
+                          if e not in kept]
+                end = (versions[index + 1][0], min(causes) if causes else None)
+                if edge not in ends or earlier(end, ends[edge]):
+                    ends[edge] = end
+    return [{"edge_id": e, "record_invalid_at": at, "record_invalidated_by": by,
+             "source_entity_id": about[e][0], "tonight": about[e][1]}
+            for e, (at, by) in sorted(ends.items())]
+
+
+TARGETS = ["x1", "x2", "x3", "x4", None, "s1"]  # an unresolved one, a subject of its own
+
+
+def test_version_ends_follow_the_rule_statement_by_statement():
+    """`version_ends`, column by column, gives what the rule gives statement by statement
+    (`_version_ends_by_rows`): changed, dropped and restated fields, several relations of
+    one class, an edge two records state, versions without statements, self-loops,
+    unresolved endpoints, statements without a valid time, and nothing at all."""
+    import random
+
+    from tkg.pipeline.config import FactsConfig
+    from tkg.pipeline.extract.records import RESOLVED_STATEMENTS, version_ends
+
+    config = FactsConfig()
+    rng = random.Random(11)
+    relations = ["works at", "employed by", "lives in", "based in", "tagged", "tagged", None]
+    rows = []
+    for record in range(60):  # several records of one key, several keys of one subject
+        group, key, subject = f"g{record % 2}", f"k{record % 25}", f"s{record % 9}"
+        fields = [(rng.choice(relations), rng.choice(TARGETS)) for _ in range(3)]
+        for version in range(rng.randint(1, 4)):
+            episode = f"r{record}-v{version}"
+            valid_at = None if rng.random() < 0.05 else datetime(
+                2024, 1 + rng.randint(0, 5), 1 + version, tzinfo=UTC)
+            rows.append({"group_id": group, "record": key, "episode_id": episode,
+                         "valid_at": valid_at, "relation": None,
+                         "tonight": rng.random() < 0.3})
+            for relation, target in fields:
+                rows.append({"group_id": group, "record": key, "episode_id": episode,
+                             "valid_at": valid_at, "relation": relation,
+                             "source_entity_id": subject, "target_entity_id": target,
+                             "tonight": None})
+            # the next version keeps a field, changes its value, or drops it
+            fields = [(relation, rng.choice(TARGETS)) if roll < 0.3 else (relation, target)
+                      for (relation, target), roll in
+                      ((field, rng.random()) for field in fields) if roll < 0.8]
+            fields += [(rng.choice(relations), rng.choice(TARGETS))] * (rng.random() < 0.3)
+    statements = pa.Table.from_pylist(rows, schema=RESOLVED_STATEMENTS)
+    want = _version_ends_by_rows(statements, config)
+    assert len(want) > 20 and any(row["record_invalidated_by"] for row in want) and any(
+        row["record_invalidated_by"] is None for row in want)
+    assert version_ends(statements, config).to_pylist() == want
+    assert version_ends(statements.slice(0, 0), config).num_rows == 0

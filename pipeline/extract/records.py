@@ -42,9 +42,9 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, NamedTuple
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 from tkg.pipeline import schema
@@ -413,51 +413,70 @@ def version_ends(statements: pa.Table, config: FactsConfig) -> pa.Table:
     VERSION_ENDS: each edge a record stated and a later version of it no longer states
     ends at that version's valid time, caused by a new value that version states for the
     same field (the smallest edge id), or by none when it dropped the field or the item (a
-    list's remaining items replace nothing). `tonight`: the record has a version in this
-    run (a later run revisits the subjects of those ends, `source_entity_id`)."""
+    list's remaining items replace nothing); of several records, the earliest end.
+    `tonight`: a record with a version in this run states the edge (a later run revisits
+    the subjects of those ends, `source_entity_id`). Column by column (polars), each
+    distinct relation classed once: a dict per statement was 0.73 s of the
+    160,000-episode night's facts stage."""
+    frame = pl.from_arrow(schema.conform(statements, RESOLVED_STATEMENTS)).with_columns(
+        tonight=pl.col("tonight").fill_null(False).any().over(RECORD))
+    versions = _versions(frame)
+    stated = _stated_edges(frame, versions, config)
+    at_version = stated.select(*RECORD, "index", "rel", "edge").unique()
+    last = (stated.group_by([*RECORD, "edge"]).agg(pl.col("index").max(), pl.col("rel").first())
+            .join(versions.group_by(RECORD).agg(count=pl.len()), on=RECORD)
+            .filter(pl.col("index") + 1 < pl.col("count"))
+            .with_columns(next=pl.col("index") + 1))
+    causes = (last.join(at_version.rename({"index": "next", "edge": "cause"}),
+                        on=[*RECORD, "next", "rel"], how="left")
+              .join(at_version.rename({"edge": "cause"}).with_columns(kept=pl.lit(True)),
+                    on=[*RECORD, "index", "rel", "cause"], how="left")
+              .group_by([*RECORD, "edge", "next"])
+              .agg(by=pl.col("cause").filter(pl.col("kept").is_null()).min()))
+    ends = (causes.join(versions.select(*RECORD, next="index", at="valid_at"),
+                        on=[*RECORD, "next"])
+            .sort(["edge", "at", pl.col("by").is_not_null(), pl.col("by").fill_null("")])
+            .group_by("edge", maintain_order=True).first())
+    about = stated.group_by("edge").agg(pl.col("source_entity_id").first(),
+                                        pl.col("tonight").any())
+    out = ends.join(about, on="edge").sort("edge").select(
+        edge_id="edge", record_invalid_at="at", record_invalidated_by="by",
+        source_entity_id="source_entity_id", tonight="tonight")
+    return out.to_arrow().cast(VERSION_ENDS)
+
+
+RECORD = ["group_id", "record"]
+
+
+def _versions(frame: pl.DataFrame) -> pl.DataFrame:
+    """(record, valid_at, episode_id, index) of each version of each record: its distinct
+    (valid time, episode) in that order."""
+    return (frame.filter(pl.col("valid_at").is_not_null())
+            .select(*RECORD, "valid_at", "episode_id").unique()
+            .sort([*RECORD, "valid_at", "episode_id"])
+            .with_columns(index=pl.int_range(pl.len()).over(RECORD)))
+
+
+def _stated_edges(frame: pl.DataFrame, versions: pl.DataFrame, config: FactsConfig
+                  ) -> pl.DataFrame:
+    """The statements of an edge (two entities, a relation) in a version of its record,
+    with the version's index, the relation's class (`rel`) and the edge's id."""
     from tkg.pipeline.facts import relation_class
 
-    by_record: dict[tuple[str, str], list[dict]] = {}
-    for row in statements.to_pylist():
-        by_record.setdefault((row["group_id"], row["record"]), []).append(row)
-    ends: dict[str, tuple[datetime, str | None]] = {}
-    about: dict[str, tuple[str, bool]] = {}  # edge -> (its subject, a version tonight?)
-    for (group_id, _), rows in sorted(by_record.items()):
-        tonight = any(r["tonight"] for r in rows)
-        versions = sorted({(r["valid_at"], r["episode_id"]) for r in rows
-                           if r["valid_at"] is not None})
-        order = {episode: index for index, (_, episode) in enumerate(versions)}
-        last: dict[str, int] = {}
-        by_version: dict[tuple[int, str], list[str]] = {}
-        for row in rows:
-            source, target = row.get("source_entity_id"), row.get("target_entity_id")
-            if row["relation"] is None or source is None or target is None or (
-                    source == target or row["episode_id"] not in order):
-                continue
-            relation = relation_class(row["relation"], config)[0]
-            edge = schema.stable_id(group_id, "fact", source, target, relation)
-            index = order[row["episode_id"]]
-            last[edge] = max(last.get(edge, -1), index)
-            about[edge] = (source, tonight or about.get(edge, ("", False))[1])
-            by_version.setdefault((index, relation), []).append(edge)
-        relations = {e: r for (_, r), edges in by_version.items() for e in edges}
-        for edge, index in last.items():
-            if index + 1 < len(versions):
-                kept = by_version.get((index, relations[edge]), [])
-                causes = [e for e in by_version.get((index + 1, relations[edge]), [])
-                          if e not in kept]
-                end = (versions[index + 1][0], min(causes) if causes else None)
-                if edge not in ends or _earlier(end, ends[edge]):
-                    ends[edge] = end
-    return pa.Table.from_pylist(
-        [{"edge_id": e, "record_invalid_at": at, "record_invalidated_by": by,
-          "source_entity_id": about[e][0], "tonight": about[e][1]}
-         for e, (at, by) in sorted(ends.items())], schema=VERSION_ENDS)
-
-
-def _earlier(one: tuple[datetime, str | None], other: tuple[datetime, str | None]) -> bool:
-    return (one[0], one[1] is not None, one[1] or "") < (
-        other[0], other[1] is not None, other[1] or "")
+    source, target = pl.col("source_entity_id"), pl.col("target_entity_id")
+    order = versions.group_by([*RECORD, "episode_id"]).agg(pl.col("index").max())
+    stated = frame.filter(pl.col("relation").is_not_null() & source.is_not_null()
+                          & target.is_not_null() & (source != target)).join(
+        order, on=[*RECORD, "episode_id"])
+    classes = {relation: relation_class(relation, config)[0]
+               for relation in stated["relation"].unique().to_list()}
+    stated = stated.with_columns(rel=pl.col("relation").replace_strict(
+        classes, return_dtype=pl.String))
+    return stated.with_columns(edge=pl.Series([
+        schema.stable_id(group, "fact", a, b, rel) for group, a, b, rel in zip(
+            stated["group_id"].to_list(), stated["source_entity_id"].to_list(),
+            stated["target_entity_id"].to_list(), stated["rel"].to_list(), strict=True)],
+        dtype=pl.String))
 
 
 def apply_version_ends(edges: pa.Table) -> pa.Table:
