@@ -520,21 +520,48 @@ VERSIONED_FIELDS = ("source_entity_id", "target_entity_id", "relation", "fact", 
 
 def version_edges(rows: pa.Table, now: datetime) -> pa.Table:
     """This run's facts (`side` = new) against every stored version (`side` = old), any
-    number of edges -> all versions. Nothing is updated in place but `expired_at` of a
-    version the store stops believing."""
+    number of edges -> all versions, each edge's in version order, edges in id order.
+    Nothing is updated in place but `expired_at` of a version the store stops believing:
+    an edge's open version (its first, by version, without `expired_at`) is closed at
+    `now` unless its first new row says the same (`VERSIONED_FIELDS`, a null equal to a
+    null), and that row is appended as the next version when it differs. Column by column
+    (polars): a dict per row was 0.46 s of the 160,000-episode night's versions stage."""
+    import polars as pl
+
     # Vectors stay in Arrow, taken by row position: as Python lists they were most of
     # the time (0.7 s for 6,900 rows of 384 floats at 10,000 + 200 episodes).
     vectors = [c for c in rows.column_names if c.endswith("_embedding")]
     slim = rows.drop_columns(vectors).append_column(
         ROW, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    by_edge: dict[str, dict[str, list[dict]]] = {}
-    for row in slim.to_pylist():
-        by_edge.setdefault(row["edge_id"], {"new": [], "old": []})[row.pop("side")].append(row)
-    out: list[dict] = []
-    for _, sides in sorted(by_edge.items()):
-        out += version_edge(sides["old"], (sides["new"] or [None])[0], now)
-    versions = pa.Table.from_pylist(out, schema=slim.schema.remove(
-        slim.schema.get_field_index("side")))
+    frame = pl.from_arrow(slim)
+    old = frame.filter(pl.col("side") == "old").drop("side")
+    current = frame.filter(pl.col("side") == "new").drop("side").unique(
+        "edge_id", keep="first", maintain_order=True)
+    open_ = (old.filter(pl.col("expired_at").is_null()).sort(["edge_id", "version"],
+                                                              maintain_order=True)
+             .unique("edge_id", keep="first", maintain_order=True)
+             .select("edge_id", *(pl.col(f).alias(f"open_{f}") for f in VERSIONED_FIELDS),
+                     open_row=ROW))
+    said = current.join(open_, on="edge_id", how="inner").filter(pl.all_horizontal(
+        pl.col(f).eq_missing(pl.col(f"open_{f}")) for f in VERSIONED_FIELDS))
+    kept = said["edge_id"].implode()  # edges whose stored versions stay as they are
+    closing = open_.filter(~pl.col("edge_id").is_in(kept))["open_row"].implode()
+    closed = old.with_columns(
+        expired_at=pl.when(pl.col(ROW).is_in(closing))
+        .then(pl.lit(now, dtype=old.schema["expired_at"])).otherwise(pl.col("expired_at")),
+        appended=pl.lit(False))
+    latest = old.group_by("edge_id").agg(latest=pl.col("version").max())
+    appended = (current.filter(~pl.col("edge_id").is_in(kept))
+                .join(latest, on="edge_id", how="left")
+                .with_columns(version=(pl.col("latest").fill_null(0) + 1).cast(
+                    old.schema["version"]),
+                    created_at=pl.lit(now, dtype=old.schema["created_at"]),
+                    expired_at=pl.lit(None, dtype=old.schema["expired_at"]),
+                    appended=pl.lit(True)).drop("latest").select(closed.columns))
+    versions = (pl.concat([closed, appended]).sort(["edge_id", "appended", "version", ROW],
+                                                   maintain_order=True)
+                .drop("appended").to_arrow())
+    versions = versions.cast(slim.schema.remove(slim.schema.get_field_index("side")))
     taken = rows.select(vectors).take(versions[ROW])
     for name in vectors:
         versions = versions.append_column(name, taken[name])
@@ -543,27 +570,6 @@ def version_edges(rows: pa.Table, now: datetime) -> pa.Table:
 
 
 ROW = "_row"  # a version's source row in version_edges' input
-
-
-def _same_belief(version: dict, current: dict) -> bool:
-    """Whether `current` says what a stored `version` says (no new version for it)."""
-    return all(version[k] == current[k] for k in VERSIONED_FIELDS)
-
-
-def version_edge(stored: list[dict], current: dict | None, now: datetime) -> list[dict]:
-    """Versions of one edge: the stored ones, closed where the store changed its mind, and
-    the current belief appended when it differs from the open version."""
-    versions = [dict(v) for v in sorted(stored, key=lambda v: v["version"])]
-    open_version = next((v for v in versions if v["expired_at"] is None), None)
-    if current is not None and open_version is not None and _same_belief(open_version, current):
-        return versions
-    if open_version is not None:
-        open_version["expired_at"] = now
-    if current is not None:
-        versions.append({**current, "version": max((v["version"] for v in versions),
-                                                   default=0) + 1, "created_at": now,
-                         "expired_at": None})
-    return versions
 
 
 SUMMARY_SOURCES = pa.schema([

@@ -133,8 +133,6 @@ def test_interval_invariants_hold_for_any_sequence(items):
 def test_versions_never_overlap_and_one_is_open(beliefs):
     """Any sequence of runs (each believing some content of one edge, or nothing) leaves
     contiguous, non-overlapping transaction intervals and at most one open version."""
-    from tkg.pipeline.facts import version_edge
-
     versions: list[dict] = []
     for run, belief in enumerate(beliefs):
         now = T0 + timedelta(days=run + 1)
@@ -144,7 +142,7 @@ def test_versions_never_overlap_and_one_is_open(beliefs):
             current = edge("e", "LIVES_IN", target, T0,
                            None if end is None else T0 + timedelta(days=end))
             current["created_at"] = now
-        versions = version_edge(versions, current, now)
+        versions = versions_of([] if current is None else [current], versions, now)
         open_versions = [v for v in versions if v["expired_at"] is None]
         assert len(open_versions) <= 1
         assert (len(open_versions) == 1) == (current is not None)
@@ -200,13 +198,75 @@ def facts_of(blocks: list[list[dict]]) -> list[dict]:
     return invalidate(pa.concat_tables(merged), CONFIG).to_pylist()
 
 
-def open_versions(current: list[dict], stored: list[dict], now: datetime) -> set[tuple]:
+def versions_of(current: list[dict], stored: list[dict], now: datetime) -> list[dict]:
+    """`version_edges` of this run's edges (`current`) and the `stored` versions."""
     rows = [{**e, "side": "new"} for e in current] + [{**e, "side": "old"} for e in stored]
     table = pa.Table.from_pylist(rows, schema=schema.MERGED_FACTS.append(
         pa.field("side", pa.string())))
+    return version_edges(table, now).to_pylist()
+
+
+def open_versions(current: list[dict], stored: list[dict], now: datetime) -> set[tuple]:
     return {(v["edge_id"], v["relation"], v["valid_at"], v["invalid_at"],
              v["invalidated_by"], tuple(v["episode_ids"]))
-            for v in version_edges(table, now).to_pylist() if v["expired_at"] is None}
+            for v in versions_of(current, stored, now) if v["expired_at"] is None}
+
+
+def _versions_by_rows(current: list[dict], stored: list[dict], now: datetime) -> list[dict]:
+    """The rule `version_edges` follows, an edge at a time with a dict per version (its
+    implementation until it went column by column): the reference it is held to."""
+    fields = ("source_entity_id", "target_entity_id", "relation", "fact", "episode_ids",
+              "valid_at", "invalid_at", "invalidated_by")
+    edges = sorted({e["edge_id"] for e in (*current, *stored)})
+    out = []
+    for edge_id in edges:
+        versions = [dict(v) for v in sorted((v for v in stored if v["edge_id"] == edge_id),
+                                            key=lambda v: v["version"])]
+        now_said = next((e for e in current if e["edge_id"] == edge_id), None)
+        open_version = next((v for v in versions if v["expired_at"] is None), None)
+        if now_said is not None and open_version is not None and all(
+                open_version[k] == now_said[k] for k in fields):
+            out += versions
+            continue
+        if open_version is not None:
+            open_version["expired_at"] = now
+        if now_said is not None:
+            versions.append({**now_said, "version": max(
+                (v["version"] for v in versions), default=0) + 1, "created_at": now,
+                "expired_at": None})
+        out += versions
+    return out
+
+
+def test_versions_follow_the_rule_edge_by_edge():
+    """`version_edges`, column by column, gives what the rule gives an edge at a time
+    (`_versions_by_rows`): unchanged, changed, ended, gone and new edges, edges whose
+    versions are all closed, two new rows of one edge (the first counts), and stored
+    rows out of version order."""
+    rng = random.Random(5)
+    now = T0 + timedelta(days=40)
+    current, stored = [], []
+    for number in range(60):
+        edge_id = f"e{number:02d}"
+        count = rng.randint(0, 3)
+        for version in range(1, count + 1):
+            row = edge(edge_id, "LIVES_IN", rng.choice("ab"), T0,
+                       rng.choice([None, T0 + timedelta(days=5)]))
+            row.update(version=version, created_at=T0 + timedelta(days=version),
+                       expired_at=T0 + timedelta(days=version + 1))
+            stored.append(row)
+        if count and rng.random() < 0.8:
+            stored[-1]["expired_at"] = None  # the open version
+        for _ in range(rng.choice([0, 1, 1, 1, 2])):
+            said = edge(edge_id, "LIVES_IN", rng.choice("ab"), T0,
+                        rng.choice([None, T0 + timedelta(days=5)]))
+            if stored and stored[-1]["edge_id"] == edge_id and rng.random() < 0.5:
+                said = {**stored[-1], "version": 1, "created_at": T0}  # says the same
+            current.append(said)
+    rng.shuffle(stored)
+    want = _versions_by_rows(current, stored, now)
+    assert versions_of(current, stored, now) == want
+    assert sum(v["expired_at"] == now for v in want) > 5 and len(want) > len(stored)
 
 
 def test_two_runs_over_parts_agree_with_one_run_over_all():
