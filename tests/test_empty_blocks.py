@@ -253,3 +253,19 @@ def test_a_driver_join_cuts_a_bigger_right_side_to_the_left_keys(join_type):
         join_type]
     assert pl.from_arrow(got).sort(pl.all()).equals(
         want.select(got.column_names).sort(pl.all()))
+
+
+def test_driver_tables_are_sized_as_ray_sizes_their_blocks(ray_session):
+    """The size policy places a dataset of driver tables by the bytes Ray Data's metadata
+    would give their blocks (`DriverDataset.size_bytes`, computed once): sliced, chunked,
+    list-valued and empty tables alike."""
+    from tkg.pipeline.datasets import block_metadata, from_tables
+
+    whole = pa.table({"name": [f"n{i}" * (i % 7) for i in range(300)],
+                      "vector": pa.array([[float(i)] * 4 for i in range(300)],
+                                         pa.list_(pa.float32()))})
+    tables = [whole, whole.slice(10, 50), pa.concat_tables([whole.slice(0, 3), whole]),
+              whole.slice(0, 0), pa.table({})]
+    ds = from_tables(tables)
+    assert ds.size_bytes() == sum(block_metadata(t).size_bytes or 0 for t in tables)
+    assert ds.size_bytes() == ds.size_bytes() > 0
