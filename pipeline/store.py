@@ -90,29 +90,17 @@ def current_snapshot(store: Location) -> Location:
 
 
 def write_group_parts(table: pa.Table, table_dir: Location, table_schema: pa.Schema) -> pa.Table:
-    """Write one batch as Parquet parts under `group_id=<g>/`; returns rows per group.
-
-    Runs inside Ray tasks for big tables. group_id is validated at ingestion
-    ([A-Za-z0-9_-]), so it is safe as a path component; null groups go under `_none`.
-    """
-    table = schema.conform(table, table_schema)
-    counts = {}
-    groups = table["group_id"]
-    parts = []
-    for group in sorted(set(groups.to_pylist()), key=lambda g: g or ""):
-        mask = pc.is_null(groups) if group is None else pc.equal(groups, group)
-        part = table.filter(mask)
-        target = storage.join(table_dir, f"group_id={group or NO_GROUP}",
-                              f"part-{uuid.uuid4().hex}.parquet")
-        parts.append((part, target))
-        counts[group] = part.num_rows
-    storage.each(lambda p: storage.write_parquet(p[0], p[1], compression="zstd"), parts)
-    return pa.table({"group_id": list(counts), "rows": pa.array(list(counts.values()), pa.int64())})
+    """Write one table as Parquet parts under `group_id=<g>/` (`_GroupFiles`); returns rows
+    per group. group_id is validated at ingestion ([A-Za-z0-9_-]), so it is safe as a path
+    component; null groups go under `_none`."""
+    with _GroupFiles(table_dir, table_schema) as out:
+        out.add(schema.conform(table, table_schema))
+    return pa.table({"group_id": list(out.counts),
+                     "rows": pa.array(list(out.counts.values()), pa.int64())})
 
 
-# A streamed write's row group: up to this many bytes of a group's rows (decoded). Batches
-# of a few thousand rows each written as a row group made the 160,000-episode store's
-# mentions files hundreds of row groups each.
+# A streamed write's row group: up to this many bytes of a group's rows (decoded), not a
+# row group per batch read (the 160,000-episode store's 735,391 mentions would be 180).
 ROW_GROUP_BYTES = 16 << 20
 STREAM_ROWS = 4_096  # rows per batch read: about 7 MB of facts with their vectors
 
@@ -149,7 +137,7 @@ class _GroupFiles:
         self.files = ExitStack()
         self.writers: dict[str | None, pq.ParquetWriter] = {}
         self.waiting: dict[str | None, list[pa.Table]] = {}
-        self.rows = 0
+        self.counts: dict[str | None, int] = {}  # rows per group, in the order first seen
 
     def __enter__(self) -> _GroupFiles:
         return self
@@ -160,14 +148,18 @@ class _GroupFiles:
                 for group in list(self.waiting):
                     self._flush(group)
 
+    @property
+    def rows(self) -> int:
+        return sum(self.counts.values())
+
     def add(self, rows: pa.Table) -> None:
         groups = rows["group_id"]
-        values = pc.unique(groups).to_pylist()
+        values = sorted(pc.unique(groups).to_pylist(), key=lambda g: g or "")
         for group in values:
             part = rows if len(values) == 1 else rows.filter(
                 pc.is_null(groups) if group is None else pc.equal(groups, group))
             self.waiting.setdefault(group, []).append(part)
-            self.rows += part.num_rows
+            self.counts[group] = self.counts.get(group, 0) + part.num_rows
             if sum(t.nbytes for t in self.waiting[group]) >= ROW_GROUP_BYTES:
                 self._flush(group)
 
@@ -180,7 +172,7 @@ class _GroupFiles:
                                   f"part-{uuid.uuid4().hex}.parquet")
             self.writers[group] = self.files.enter_context(storage.parquet_writer(
                 target, self.schema, compression="zstd"))
-        self.writers[group].write_table(rows, row_group_size=rows.num_rows)
+        self.writers[group].write_table(rows)
 
 
 write_parts_task = ray.remote(write_parts)
