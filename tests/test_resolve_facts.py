@@ -245,8 +245,11 @@ def test_an_entity_keeps_its_strongest_label():
 def test_changed_edges_are_the_new_ones_and_those_whose_belief_differs():
     """`changed_edges` keeps an edge the store lacks, or one whose stored open version
     differs in a versioned field (a null equal only to a null, a list to the same list),
-    as the field-by-field `_same_belief` of each pair says."""
-    from tkg.pipeline.facts import VERSIONED_FIELDS, _same_belief, changed_edges
+    as comparing each pair field by field says."""
+    from tkg.pipeline.facts import VERSIONED_FIELDS, changed_edges
+
+    def same_belief(version: dict, current: dict) -> bool:
+        return all(version[k] == current[k] for k in VERSIONED_FIELDS)
 
     def edge(edge_id: str, **given: object) -> dict:
         return {"edge_id": edge_id, "source_entity_id": "s", "target_entity_id": "t",
@@ -265,5 +268,5 @@ def test_changed_edges_are_the_new_ones_and_those_whose_belief_differs():
                         pa.Table.from_pylist(stored, schema=table_schema))
     before = {row["edge_id"]: row for row in stored}
     want = [row["edge_id"] for row in now
-            if row["edge_id"] not in before or not _same_belief(before[row["edge_id"]], row)]
+            if row["edge_id"] not in before or not same_belief(before[row["edge_id"]], row)]
     assert got["edge_id"].to_pylist() == want == ["fact", "ended", "lists", "nulls", "new"]
