@@ -29,7 +29,6 @@ import posixpath
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -130,12 +129,13 @@ def write_parts(paths: Sequence[str], target: Location, table_schema: pa.Schema,
 class _GroupFiles:
     """A Parquet file per group under `table_dir` (`group_id=<g>/part-<uuid>.parquet`),
     opened at its group's first row; each group's rows written once they fill a row group
-    (`ROW_GROUP_BYTES`) and at the end."""
+    (`ROW_GROUP_BYTES`) and at the end, where the groups' files are finished a thread each
+    (on an object store closing a file uploads it: a store of many groups would wait for
+    each in turn)."""
 
     def __init__(self, table_dir: Location, table_schema: pa.Schema) -> None:
         self.table_dir, self.schema = table_dir, table_schema
-        self.files = ExitStack()
-        self.writers: dict[str | None, pq.ParquetWriter] = {}
+        self.files: dict[str | None, tuple[Any, pq.ParquetWriter]] = {}  # (its context)
         self.waiting: dict[str | None, list[pa.Table]] = {}
         self.counts: dict[str | None, int] = {}  # rows per group, in the order first seen
 
@@ -143,10 +143,12 @@ class _GroupFiles:
         return self
 
     def __exit__(self, failed: type[BaseException] | None, *_: object) -> None:
-        with self.files:  # (closed, on an error too)
+        try:
             if failed is None:
-                for group in list(self.waiting):
-                    self._flush(group)
+                storage.each(self._finish, sorted(self.counts, key=lambda g: g or ""))
+        finally:  # (on an error, every file still open is closed too)
+            for context, _ in list(self.files.values()):
+                context.__exit__(None, None, None)
 
     @property
     def rows(self) -> int:
@@ -167,12 +169,19 @@ class _GroupFiles:
         rows = pa.concat_tables(self.waiting.pop(group, []) or [self.schema.empty_table()])
         if not rows.num_rows:
             return
-        if group not in self.writers:
+        if group not in self.files:
             target = storage.join(self.table_dir, f"group_id={group or NO_GROUP}",
                                   f"part-{uuid.uuid4().hex}.parquet")
-            self.writers[group] = self.files.enter_context(storage.parquet_writer(
-                target, self.schema, compression="zstd"))
-        self.writers[group].write_table(rows)
+            context = storage.parquet_writer(target, self.schema, compression="zstd")
+            self.files[group] = (context, context.__enter__())
+        self.files[group][1].write_table(rows)
+
+    def _finish(self, group: str | None) -> None:
+        """The group's last rows written and its file closed."""
+        self._flush(group)
+        context, _ = self.files.pop(group, (None, None))
+        if context is not None:
+            context.__exit__(None, None, None)
 
 
 write_parts_task = ray.remote(write_parts)
