@@ -181,17 +181,26 @@ def fact_rows(mentions: pa.Table, config: FactsConfig) -> pa.Table:
     claims = [claim_key(text) if alone and classed[relation][1] is None else None
               for text, alone, relation in zip(rows["fact"].to_pylist(), same, said,
                                                strict=True)]
-    edge_ids = [schema.stable_id(group, "fact", source, target, relation,
-                                 *([claim] if claim else []))
-                for group, source, target, relation, claim in zip(
-                    rows["group_id"].to_pylist(), rows["source_entity_id"].to_pylist(),
-                    rows["target_entity_id"].to_pylist(), relations, claims, strict=True)]
-    columns = {"edge_id": pa.array(edge_ids, pa.string()),
+    ids = edge_ids(rows["group_id"].to_pylist(), rows["source_entity_id"].to_pylist(),
+                   rows["target_entity_id"].to_pylist(), relations, claims)
+    columns = {"edge_id": pa.array(ids, pa.string()),
                "relation": pa.array(relations, pa.string())}
     return pa.table([columns[f.name] if f.name in columns
                      else rows[f.name].cast(f.type) if f.name in rows.column_names
                      else pa.nulls(rows.num_rows, f.type) for f in schema.FACT_ROWS],
                     schema=schema.FACT_ROWS)
+
+
+def edge_ids(groups: Sequence[str], sources: Sequence[str], targets: Sequence[str],
+             relations: Sequence[str], claims: Sequence[str | None] | None = None
+             ) -> list[str]:
+    """Each edge's id: its group, its two entities and its relation's class, and for a fact
+    said of one entity its statement (`claim_key`, where `claims` has one)."""
+    return [schema.stable_id(group, "fact", source, target, relation,
+                             *([claim] if claim else []))
+            for group, source, target, relation, claim in zip(
+                groups, sources, targets, relations, claims or [None] * len(groups),
+                strict=True)]
 
 
 def _made_self_loop(mentions: pa.Table) -> pa.Array:
@@ -572,7 +581,6 @@ def version_edges(rows: pa.Table, now: datetime) -> pa.Table:
     versions = (pl.concat([closed, appended]).sort(["edge_id", "appended", "version", ROW],
                                                    maintain_order=True)
                 .drop("appended").to_arrow())
-    versions = versions.cast(slim.schema.remove(slim.schema.get_field_index("side")))
     taken = rows.select(vectors).take(versions[ROW])
     for name in vectors:
         versions = versions.append_column(name, taken[name])

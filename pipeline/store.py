@@ -166,9 +166,10 @@ class _GroupFiles:
                 self._flush(group)
 
     def _flush(self, group: str | None) -> None:
-        rows = pa.concat_tables(self.waiting.pop(group, []) or [self.schema.empty_table()])
-        if not rows.num_rows:
+        parts = self.waiting.pop(group, [])  # (each part holds rows)
+        if not parts:
             return
+        rows = pa.concat_tables(parts)
         if group not in self.files:
             target = storage.join(self.table_dir, f"group_id={group or NO_GROUP}",
                                   f"part-{uuid.uuid4().hex}.parquet")

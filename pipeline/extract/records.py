@@ -461,7 +461,7 @@ def _stated_edges(frame: pl.DataFrame, versions: pl.DataFrame, config: FactsConf
                   ) -> pl.DataFrame:
     """The statements of an edge (two entities, a relation) in a version of its record,
     with the version's index, the relation's class (`rel`) and the edge's id."""
-    from tkg.pipeline.facts import relation_class
+    from tkg.pipeline.facts import edge_ids, relation_class
 
     source, target = pl.col("source_entity_id"), pl.col("target_entity_id")
     order = versions.group_by([*RECORD, "episode_id"]).agg(pl.col("index").max())
@@ -472,11 +472,9 @@ def _stated_edges(frame: pl.DataFrame, versions: pl.DataFrame, config: FactsConf
                for relation in stated["relation"].unique().to_list()}
     stated = stated.with_columns(rel=pl.col("relation").replace_strict(
         classes, return_dtype=pl.String))
-    return stated.with_columns(edge=pl.Series([
-        schema.stable_id(group, "fact", a, b, rel) for group, a, b, rel in zip(
-            stated["group_id"].to_list(), stated["source_entity_id"].to_list(),
-            stated["target_entity_id"].to_list(), stated["rel"].to_list(), strict=True)],
-        dtype=pl.String))
+    return stated.with_columns(edge=pl.Series(edge_ids(
+        stated["group_id"].to_list(), stated["source_entity_id"].to_list(),
+        stated["target_entity_id"].to_list(), stated["rel"].to_list()), dtype=pl.String))
 
 
 def apply_version_ends(edges: pa.Table) -> pa.Table:
