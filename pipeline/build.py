@@ -35,7 +35,7 @@ from tkg.pipeline import (
     visibility,
 )
 from tkg.pipeline.config import TkgConfig
-from tkg.pipeline.datasets import EMPTY_PART
+from tkg.pipeline.datasets import EMPTY_PART, DriverDataset
 from tkg.pipeline.embed import embedding_dim
 from tkg.pipeline.llm.usage import llm_summary
 from tkg.pipeline.stages import PUBLISHES, STAGES, Publish, RunContext, Stage
@@ -120,22 +120,45 @@ def init_ray(config: TkgConfig) -> int:
     return cpus
 
 
-def _run_stage(ctx: RunContext, stage: Stage, done: dict[str, Location],
-               given: Mapping[str, Dataset]) -> dict[str, int]:
+@dataclass
+class Done:
+    """A run's finished outputs: where each lies, and the driver's own outputs held for
+    the stages after it that read them (`outputs.handed`), each until its last reader."""
+
+    at: dict[str, Location]
+    held: dict[str, list[pa.Table]]
+    readers: dict[str, int]  # output -> stages left that read it
+
+    def read(self, name: str, driver_bytes: int, columns: Sequence[str] | None) -> Dataset:
+        held = self.held.get(name)
+        self.readers[name] = self.readers.get(name, 1) - 1
+        if held is not None and self.readers[name] <= 0:
+            del self.held[name]
+        return outputs.handed(held, columns) if held is not None else outputs.read(
+            [self.at[name]], driver_bytes, columns)
+
+
+def _run_stage(ctx: RunContext, stage: Stage, done: Done, given: Mapping[str, Dataset]
+               ) -> dict[str, int]:
     """One attempt at a stage: read its inputs (`given` ones as they are), run it, write its
-    outputs; rows per output."""
+    outputs; rows per output. An output the driver made, within the size policy, is held
+    for the stages that read it (`Done`)."""
     driver_bytes = engine.policy(ctx).driver_bytes
-    inputs = {name: given[name] if name in given else outputs.read(
-        [done[name]], driver_bytes,
+    inputs = {name: given[name] if name in given else done.read(
+        name, driver_bytes,
         stage.reads(schema.WORK_TABLES[name](ctx.dim)) if stage.reads else None)
         for name in stage.inputs}
     inputs = faults.worker_inputs(stage.name, inputs, ctx.work_dir)
     faults.hit("stage_error", stage.name)
     results = stage.compute(ctx, inputs)
     targets = {name: storage.join(ctx.work_dir, stage.name, name) for name in stage.outputs}
+    held = {name: [] for name in stage.outputs if done.readers.get(name) and isinstance(
+        results[name], DriverDataset) and results[name].size_bytes() <= driver_bytes}
     rows = {name: outputs.write(results[name], targets[name],
-                                schema.WORK_TABLES[name](ctx.dim)) for name in stage.outputs}
-    done.update(targets)
+                                schema.WORK_TABLES[name](ctx.dim), held.get(name))
+            for name in stage.outputs}
+    done.at.update(targets)
+    done.held.update(held)
     return rows
 
 
@@ -144,14 +167,17 @@ def run_stages(ctx: RunContext, stages: Sequence[Stage] = STAGES,
     """Run each of `stages` not already finished in the work dir; returns seconds per stage.
     `given`: inputs from outside the run (a community refresh: a snapshot's tables)."""
     seconds: dict[str, float] = {}
-    done: dict[str, Location] = {}
+    done = Done({}, {}, {})
+    for stage in stages:
+        for name in stage.inputs:
+            done.readers[name] = done.readers.get(name, 0) + 1
     for stage in stages:
         stage_dir = storage.join(ctx.work_dir, stage.name)
         record = outputs.finished(stage_dir)
         if record is not None:
             ctx.count_all(record["counters"])
             seconds[stage.name] = record["seconds"]
-            done.update({name: storage.join(stage_dir, name) for name in stage.outputs})
+            done.at.update({name: storage.join(stage_dir, name) for name in stage.outputs})
             log.info("stage %s already finished, skipped", stage.name)
             continue
         started = time.perf_counter()
@@ -162,7 +188,7 @@ def run_stages(ctx: RunContext, stages: Sequence[Stage] = STAGES,
         outputs.mark_finished(stage_dir, {"seconds": seconds[stage.name], "rows": rows,
                                           "counters": ctx.counted_since(before)})
         faults.hit("after_stage", stage.name)
-    ctx.outputs.update(done)
+    ctx.outputs.update(done.at)
     return seconds
 
 

@@ -269,3 +269,25 @@ def test_driver_tables_are_sized_as_ray_sizes_their_blocks(ray_session):
     ds = from_tables(tables)
     assert ds.size_bytes() == sum(block_metadata(t).size_bytes or 0 for t in tables)
     assert ds.size_bytes() == ds.size_bytes() > 0
+
+
+@pytest.mark.parametrize("blocks", [
+    [pa.table({"group_id": ["a", "b"], "key": ["k", None], "value": [1, 2]}),
+     pa.table({"group_id": pa.array([], pa.string())}),
+     pa.table({"value": [3], "group_id": ["c"], "key": ["m"]})],
+    [pa.table({})], []], ids=["blocks", "schemaless", "none"])
+@pytest.mark.parametrize("columns", [None, ["value", "group_id"]])
+def test_an_output_handed_on_equals_its_files_read_back(tmp_path, blocks, columns):
+    """A stage output the driver made goes to the next stages as `outputs.write` held it
+    (`outputs.handed`), not read back from the files it wrote: both give the same rows,
+    schema and blocks."""
+    from tkg.pipeline import outputs
+    from tkg.pipeline.datasets import from_tables
+
+    held: list[pa.Table] = []
+    rows = outputs.write(from_tables(blocks), tmp_path / "out", KEYED, held)
+    handed = outputs.handed(held, columns).tables
+    read = outputs.read([tmp_path / "out"], 1 << 30, columns).tables
+    assert rows == sum(t.num_rows for t in handed)
+    assert [t.schema for t in handed] == [t.schema for t in read]
+    assert [t.to_pylist() for t in handed] == [t.to_pylist() for t in read]
