@@ -331,15 +331,20 @@ def combine_edges(stored: pa.Table, tonight: pa.Table) -> pa.Table:
     merged edges too), and tonight's new edges. An end that invalidation gave a stored edge
     stays: ends only move earlier (`_end`) and every edge that caused one is still there, so
     invalidating again ends each edge as invalidating everything would. A combined edge
-    keeps only a stated end (no cause), its causes are found again."""
+    keeps only a stated end (no cause), its causes are found again. Only the stored edges
+    tonight restates pass through Python, the subject's others go on as they are (the
+    160,000-episode night's 108 extended subjects held 19,111 stored edges: 0.49 s of its
+    facts stage as dicts, py-spy)."""
     new = {row["edge_id"]: row for row in tonight.to_pylist()}
-    out = []
-    for old in stored.to_pylist():
+    stored = schema.conform(stored, schema.MERGED_FACTS)
+    restated = pc.is_in(stored["edge_id"], value_set=pa.array(list(new), pa.string()))
+    combined = []
+    for old in stored.filter(restated).to_pylist():
         now = new.pop(old["edge_id"], None)
-        out.append(old if now is None else _combined(old, now))
-    out += new.values()
-    return pa.Table.from_pylist(sorted(out, key=lambda e: e["edge_id"]),
-                                schema=schema.MERGED_FACTS)
+        combined.append(old if now is None else _combined(old, now))
+    out = pa.concat_tables([stored.filter(pc.invert(restated)), pa.Table.from_pylist(
+        [*combined, *new.values()], schema=schema.MERGED_FACTS)])
+    return out.take(pc.sort_indices(out, [("edge_id", "ascending")]))  # (a stable sort)
 
 
 def _combined(old: dict, now: dict) -> dict:
@@ -420,24 +425,23 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
             continue
         (negations if negated else classes).setdefault(cls.name, []).append(edge)
     per = {cls.name: cls.per for cls in config.relation_classes if cls.per}
+    unclassed_of = _by_target(unclassed)
     for name, members in classes.items():
         members.sort(key=lambda e: (e["valid_at"], e["edge_id"]))
         scope = _scopes(members, classes.get(per.get(name, ""), []))
         for index, old in enumerate(members):
-            causes = [n for n in members[index + 1:]
-                      if n["target_entity_id"] != old["target_entity_id"]
-                      and n["valid_at"] > old["valid_at"]
-                      and _comparable(scope[n["edge_id"]], scope[old["edge_id"]])]
-            causes += [n for n in (*negations.get(name, ()), *endings)
-                       if n["target_entity_id"] == old["target_entity_id"]
-                       and n["valid_at"] >= old["valid_at"]]
+            causes = [n for n in (*negations.get(name, ()), *endings)
+                      if n["target_entity_id"] == old["target_entity_id"]
+                      and n["valid_at"] >= old["valid_at"]]
+            if (newer := _first_newer(members, index, scope)) is not None:
+                causes.append(newer)
             if not causes:
                 continue
             cause = min(causes, key=lambda e: (e["valid_at"], e["edge_id"]))
             _end(old, cause["valid_at"], cause["edge_id"])
-            for other in unclassed:  # "can run the demo from Berlin" ends with the move
-                if other["target_entity_id"] == old["target_entity_id"] and (
-                        old["valid_at"] <= other["valid_at"] < cause["valid_at"]):
+            # "can run the demo from Berlin" ends with the move
+            for other in unclassed_of.get(old["target_entity_id"], ()):
+                if old["valid_at"] <= other["valid_at"] < cause["valid_at"]:
                     _end(other, cause["valid_at"], cause["edge_id"])
     for name, edge in shared:  # a membership ends only by its own ending or negation
         _end_by(edge, [n for n in (*negations.get(name, ()), *endings)
@@ -486,12 +490,38 @@ def _end_key(when: datetime, cause: str | None) -> tuple[datetime, bool, str]:
 def _scopes(members: list[dict], scoping: list[dict]) -> dict[str, str | None]:
     """edge id -> the one object of a scoping class stated in the same episodes (a title's
     employer), or None when none or several are."""
+    objects_of: dict[str, set[str]] = {}  # episode -> the scoping objects stated in it
+    for scoped in scoping:
+        for episode in scoped["episode_ids"] or ():
+            objects_of.setdefault(episode, set()).add(scoped["target_entity_id"])
     found: dict[str, str | None] = {}
     for edge in members:
-        episodes = set(edge["episode_ids"] or ())
-        objects = {s["target_entity_id"] for s in scoping
-                   if episodes & set(s["episode_ids"] or ())}
+        objects = set().union(*(objects_of.get(e, ()) for e in edge["episode_ids"] or ()))
         found[edge["edge_id"]] = objects.pop() if len(objects) == 1 else None
+    return found
+
+
+def _first_newer(members: list[dict], index: int, scope: dict[str, str | None]
+                 ) -> dict | None:
+    """The earliest member after `index` that replaces it (another object, later, in a
+    comparable scope): members are sorted by (valid_at, edge_id), the order causes are
+    chosen in, so the first found is the one. Every later member gathered for each was
+    quadratic in a subject's history (a hub's open edges of one class, every night)."""
+    old = members[index]
+    for at in range(index + 1, len(members)):
+        new = members[at]
+        if new["target_entity_id"] != old["target_entity_id"] and (
+                new["valid_at"] > old["valid_at"]) and _comparable(
+                scope[new["edge_id"]], scope[old["edge_id"]]):
+            return new
+    return None
+
+
+def _by_target(edges: list[dict]) -> dict[str, list[dict]]:
+    """`edges` by their object, each object's in the order given."""
+    found: dict[str, list[dict]] = {}
+    for edge in edges:
+        found.setdefault(edge["target_entity_id"], []).append(edge)
     return found
 
 

@@ -285,3 +285,132 @@ def test_two_runs_over_parts_agree_with_one_run_over_all():
     for blocks in ([second, first], [first, second], [second[::-1], first],
                    [second[1:], first, second[:1]]):  # run 2: every mention of the subject
         assert open_versions(facts_of(blocks), run_1, later) == expected, blocks
+
+
+def _combine_by_rows(stored: pa.Table, tonight: pa.Table) -> list[dict]:
+    """`combine_edges`' rule, edge by edge (the reference it is held to)."""
+    from tkg.pipeline.facts import _combined
+
+    new = {row["edge_id"]: row for row in tonight.to_pylist()}
+    out = []
+    for old in stored.to_pylist():
+        now = new.pop(old["edge_id"], None)
+        out.append(old if now is None else _combined(old, now))
+    out += new.values()
+    return sorted(out, key=lambda e: e["edge_id"])
+
+
+def test_combining_follows_the_rule_edge_by_edge():
+    """Stored open edges with tonight's: restated ones combined (wording, episodes, start,
+    stated end), the others as stored, tonight's new ones added, all by edge id; with a
+    stored end from invalidation (not kept), from a statement (kept), nothing stored and
+    nothing tonight."""
+    from tkg.pipeline.facts import combine_edges
+
+    rng = random.Random(5)
+    day = timedelta(days=1)
+    for case in range(40):
+        stored, tonight = [], []
+        for index in range(rng.randint(0, 12)):
+            row = edge(f"e{index:02d}", rng.choice(["LIVES_IN", "WORKS_AT", "LIKES"]),
+                       rng.choice("abc"), T0 + rng.randint(0, 9) * day,
+                       rng.choice([None, T0 + 20 * day]))
+            row["invalidated_by"] = rng.choice([None, "e99"]) if row["invalid_at"] else None
+            row["episode_ids"] = sorted(rng.sample(["p", "q", "r", "s"], rng.randint(1, 2)))
+            (stored if rng.random() < 0.7 else tonight).append(row)
+            if rng.random() < 0.4:  # restated tonight, in other words, later or earlier
+                tonight.append({**row, "fact": f"{row['relation']} {row['fact']} again",
+                                "valid_at": row["valid_at"] + rng.randint(-3, 3) * day,
+                                "invalid_at": rng.choice([None, T0 + 15 * day]),
+                                "episode_ids": [f"t{case}"], "invalidated_by": None})
+        rng.shuffle(stored)
+        old = pa.Table.from_pylist(stored, schema=schema.MERGED_FACTS)
+        new = pa.Table.from_pylist(tonight, schema=schema.MERGED_FACTS)
+        assert combine_edges(old, new).to_pylist() == _combine_by_rows(old, new), case
+
+
+def _invalidate_by_pairs(edges: list[dict], config: FactsConfig) -> list[dict]:
+    """`invalidate_subject`'s exclusive-class rule as first written, every later member
+    gathered for each and the earliest taken, every unclassed fact and scoping edge scanned
+    (the reference the indexed version is held to)."""
+    from tkg.pipeline.facts import _comparable, _end, _end_by
+
+    classes, negations, endings, unclassed, shared = {}, {}, [], [], []
+    for row in edges:
+        _, cls, negated = relation_class(row["relation"], config)
+        if cls is config.ending and row["valid_at"] is not None:
+            endings.append(row)
+        if cls is None and not negated and row["valid_at"] is not None:
+            unclassed.append(row)
+        if cls is None or cls is config.ending or row["valid_at"] is None:
+            continue
+        if not cls.exclusive and not negated:
+            shared.append((cls.name, row))
+            continue
+        (negations if negated else classes).setdefault(cls.name, []).append(row)
+    per = {cls.name: cls.per for cls in config.relation_classes if cls.per}
+    for name, members in classes.items():
+        members.sort(key=lambda e: (e["valid_at"], e["edge_id"]))
+        scoping = classes.get(per.get(name, ""), [])
+        scope = {}
+        for row in members:
+            objects = {s["target_entity_id"] for s in scoping
+                       if set(row["episode_ids"] or ()) & set(s["episode_ids"] or ())}
+            scope[row["edge_id"]] = objects.pop() if len(objects) == 1 else None
+        for index, old in enumerate(members):
+            causes = [n for n in members[index + 1:]
+                      if n["target_entity_id"] != old["target_entity_id"]
+                      and n["valid_at"] > old["valid_at"]
+                      and _comparable(scope[n["edge_id"]], scope[old["edge_id"]])]
+            causes += [n for n in (*negations.get(name, ()), *endings)
+                       if n["target_entity_id"] == old["target_entity_id"]
+                       and n["valid_at"] >= old["valid_at"]]
+            if not causes:
+                continue
+            cause = min(causes, key=lambda e: (e["valid_at"], e["edge_id"]))
+            _end(old, cause["valid_at"], cause["edge_id"])
+            for other in unclassed:
+                if other["target_entity_id"] == old["target_entity_id"] and (
+                        old["valid_at"] <= other["valid_at"] < cause["valid_at"]):
+                    _end(other, cause["valid_at"], cause["edge_id"])
+    for name, row in shared:
+        _end_by(row, [n for n in (*negations.get(name, ()), *endings)
+                      if n["target_entity_id"] == row["target_entity_id"]])
+    prefix = config.ending_prefix
+    for ending in endings:
+        if ending["relation"].startswith(prefix):
+            for other in unclassed:
+                if other["relation"] == ending["relation"][len(prefix):]:
+                    _end_by(other, [ending] if other["target_entity_id"] == (
+                        ending["target_entity_id"]) else [])
+    for name, members in classes.items():
+        scoping = {e["edge_id"]: e for e in classes.get(per.get(name, ""), [])}
+        for row in members:
+            for other in scoping.values():
+                if other["invalid_at"] is not None and set(row["episode_ids"] or ()) & set(
+                        other["episode_ids"] or ()):
+                    _end(row, other["invalid_at"], other["invalidated_by"])
+    return sorted(edges, key=lambda e: e["edge_id"])
+
+
+def test_invalidation_follows_the_rule_of_every_pair():
+    """A subject's edges of every kind (exclusive classes, a title scoped by its employer,
+    memberships, negations, endings, unclassed facts, undated ones, stated ends) end as the
+    all-pairs rule ends them: the earliest newer value of a class, found first in the
+    members' order, and unclassed facts and scopes found by object and episode."""
+    import copy
+
+    relations = ["LIVES_IN", "MOVE_TO", "WORKS_AT", "JOIN", "WORKS_AS", "BE_PROMOTE_TO",
+                 "MEMBER_OF", "NOT_LIVES_IN", "NOT_WORKS_AT", "LEFT", "NO_LONGER_LIKES",
+                 "LIKES", "RUN_DEMO_FROM"]
+    rng = random.Random(11)
+    for case in range(150):
+        rows = []
+        for index in range(rng.randint(1, 40)):
+            row = edge(f"e{index:03d}", rng.choice(relations), rng.choice("abcd"),
+                       rng.choice([None, *(T0 + timedelta(days=d) for d in range(8))]),
+                       rng.choice([None, None, T0 + timedelta(days=9)]))
+            row["episode_ids"] = rng.sample(["p", "q", "r", "s", "t"], rng.randint(1, 2))
+            rows.append(row)
+        expected = _invalidate_by_pairs(copy.deepcopy(rows), CONFIG)
+        assert invalidate_subject(copy.deepcopy(rows), CONFIG) == expected, case
