@@ -391,15 +391,39 @@ def _says(text: str, relation: str) -> bool:
     return bool(stem) and re.search(rf"\b{re.escape(stem)}", text.lower()) is not None
 
 
+# What the rules read of an edge (`invalidate_subject`); its times as integers.
+RULE_COLUMNS = ("edge_id", "group_id", "source_entity_id", "target_entity_id", "relation",
+                "episode_ids", "valid_at", "invalid_at", "invalidated_by")
+ROW = "_row"  # an edge's row in the table `invalidate` was given
+
+
 def invalidate(edges: pa.Table, config: FactsConfig) -> pa.Table:
-    """Edges of any number of subjects -> the same edges with invalidations applied."""
+    """Edges of any number of subjects -> the same edges with invalidations applied, by
+    subject, each subject's by edge id. Only the columns the rules read become Python
+    values, the times as microseconds (the rules only compare and copy them), and only the
+    ends they set are written back: every column as dicts, times as datetimes, was 0.45 s
+    of the 160,000-episode night's facts stage for its 23,000 edges (py-spy)."""
+    if edges.num_rows == 0:
+        return edges
+    rules = edges.select(RULE_COLUMNS).append_column(ROW, pa.array(
+        np.arange(edges.num_rows, dtype=np.int64)))
+    for name in ("valid_at", "invalid_at"):
+        at = rules.schema.get_field_index(name)
+        rules = rules.set_column(at, name, pc.cast(rules[name], pa.int64()))
     by_subject: dict[tuple[str, str], list[dict]] = {}
-    for edge in edges.to_pylist():
+    for edge in rules.to_pylist():
         by_subject.setdefault((edge["group_id"], edge["source_entity_id"]), []).append(edge)
     out = []
     for _, subject_edges in sorted(by_subject.items()):
         out += invalidate_subject(subject_edges, config)
-    return pa.Table.from_pylist(out, schema=edges.schema)
+    ordered = edges.take(pa.array([edge[ROW] for edge in out], pa.int64()))
+    ends = {"invalid_at": pa.array([edge["invalid_at"] for edge in out], pa.int64()).cast(
+        edges.schema.field("invalid_at").type),
+            "invalidated_by": pa.array([edge["invalidated_by"] for edge in out], pa.string())}
+    for name, values in ends.items():
+        at = ordered.schema.get_field_index(name)
+        ordered = ordered.set_column(at, ordered.schema.field(at), values)
+    return ordered
 
 
 def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:

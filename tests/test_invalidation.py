@@ -414,3 +414,34 @@ def test_invalidation_follows_the_rule_of_every_pair():
             rows.append(row)
         expected = _invalidate_by_pairs(copy.deepcopy(rows), CONFIG)
         assert invalidate_subject(copy.deepcopy(rows), CONFIG) == expected, case
+
+
+def test_a_table_of_subjects_is_invalidated_as_its_rows_are():
+    """`invalidate` over a table of several subjects and groups (the rules' columns as
+    Python values, its times as integers, the ends written back) gives the table the rule
+    gives row by row, every column and the order by subject and edge id included."""
+    relations = ["LIVES_IN", "MOVE_TO", "WORKS_AT", "WORKS_AS", "NOT_LIVES_IN", "LEFT",
+                 "NO_LONGER_LIKES", "LIKES", "MEMBER_OF"]
+    rng = random.Random(3)
+    for case in range(40):
+        rows = []
+        for index in range(rng.randint(0, 50)):
+            row = edge(f"e{rng.randrange(10**6):06d}", rng.choice(relations),
+                       rng.choice("abc"),
+                       rng.choice([None, *(T0 + timedelta(days=d, hours=h)
+                                           for d in range(5) for h in (0, 7))]),
+                       rng.choice([None, None, T0 + timedelta(days=4)]),
+                       source=rng.choice(["ana", "bo", "cy"]))
+            row["group_id"] = rng.choice(["g", "h"])
+            row["episode_ids"] = rng.sample(["p", "q", "r"], rng.randint(0, 2)) or None
+            row["fact"] = f"fact {index}"
+            rows.append(row)
+        table = pa.Table.from_pylist(rows, schema=schema.MERGED_FACTS)
+        by_subject: dict = {}
+        for row in table.to_pylist():
+            by_subject.setdefault((row["group_id"], row["source_entity_id"]), []).append(row)
+        expected = [row for _, subject in sorted(by_subject.items())
+                    for row in invalidate_subject(subject, CONFIG)]
+        got = invalidate(table, CONFIG)
+        assert got.schema == table.schema
+        assert got.to_pylist() == expected, case
