@@ -131,11 +131,16 @@ class Done:
 
     def read(self, name: str, driver_bytes: int, columns: Sequence[str] | None) -> Dataset:
         held = self.held.get(name)
-        self.readers[name] = self.readers.get(name, 1) - 1
-        if held is not None and self.readers[name] <= 0:
-            del self.held[name]
+        self.release([name])
         return outputs.handed(held, columns) if held is not None else outputs.read(
             [self.at[name]], driver_bytes, columns)
+
+    def release(self, names: Sequence[str]) -> None:
+        """One reader of each of `names` is done (or skipped: a stage finished earlier)."""
+        for name in names:
+            self.readers[name] = self.readers.get(name, 1) - 1
+            if self.readers[name] <= 0:
+                self.held.pop(name, None)
 
 
 def _run_stage(ctx: RunContext, stage: Stage, done: Done, given: Mapping[str, Dataset]
@@ -178,6 +183,7 @@ def run_stages(ctx: RunContext, stages: Sequence[Stage] = STAGES,
             ctx.count_all(record["counters"])
             seconds[stage.name] = record["seconds"]
             done.at.update({name: storage.join(stage_dir, name) for name in stage.outputs})
+            done.release(stage.inputs)
             log.info("stage %s already finished, skipped", stage.name)
             continue
         started = time.perf_counter()
