@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
 from typing import TYPE_CHECKING
@@ -431,30 +432,55 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
     a newer value of the class, a negation of the class with the same object, or an ending
     with the same object ends an open fact; so ends the subject's unclassed facts with that
     object stated while it held (the place it moved away from, the company it left)."""
-    classes: dict[str, list[dict]] = {}
-    negations: dict[str, list[dict]] = {}
-    endings: list[dict] = []
-    unclassed: list[dict] = []
-    shared: list[tuple[str, dict]] = []  # facts of a class one holds many of (memberships)
+    kinds = _kinds(edges, config)
+    _exclusive_ends(kinds, config)
+    _other_ends(kinds, config)
+    return sorted(edges, key=lambda e: e["edge_id"])
+
+
+@dataclass
+class _Kinds:
+    """One subject's edges by the part each plays in the rules (`_kinds`)."""
+
+    classes: dict[str, list[dict]]  # exclusive, by class
+    negations: dict[str, list[dict]]  # by the class negated
+    endings: list[dict]
+    unclassed: list[dict]
+    shared: list[tuple[str, dict]]  # of a class one holds many of (memberships), by class
+
+
+def _kinds(edges: list[dict], config: FactsConfig) -> _Kinds:
+    kinds = _Kinds({}, {}, [], [], [])
     for edge in edges:
         _, cls, negated = relation_class(edge["relation"], config)
         if cls is config.ending and edge["valid_at"] is not None:
-            endings.append(edge)
+            kinds.endings.append(edge)
         if cls is None and not negated and edge["valid_at"] is not None:
-            unclassed.append(edge)
+            kinds.unclassed.append(edge)
         if cls is None or cls is config.ending or edge["valid_at"] is None:
             continue
         if not cls.exclusive and not negated:
-            shared.append((cls.name, edge))
+            kinds.shared.append((cls.name, edge))
             continue
-        (negations if negated else classes).setdefault(cls.name, []).append(edge)
-    per = {cls.name: cls.per for cls in config.relation_classes if cls.per}
-    unclassed_of = _by_target(unclassed)
-    for name, members in classes.items():
+        (kinds.negations if negated else kinds.classes).setdefault(cls.name, []).append(edge)
+    return kinds
+
+
+def _scoping(config: FactsConfig) -> dict[str, str]:
+    """class -> the class that scopes it (a title's: the employment it was held at)."""
+    return {cls.name: cls.per for cls in config.relation_classes if cls.per}
+
+
+def _exclusive_ends(kinds: _Kinds, config: FactsConfig) -> None:
+    """Each exclusive class's members ended by their earliest cause, and the unclassed
+    facts about the same object stated while the member held."""
+    per = _scoping(config)
+    unclassed_of = _by_target(kinds.unclassed)
+    for name, members in kinds.classes.items():
         members.sort(key=lambda e: (e["valid_at"], e["edge_id"]))
-        scope = _scopes(members, classes.get(per.get(name, ""), []))
+        scope = _scopes(members, kinds.classes.get(per.get(name, ""), []))
         for index, old in enumerate(members):
-            causes = [n for n in (*negations.get(name, ()), *endings)
+            causes = [n for n in (*kinds.negations.get(name, ()), *kinds.endings)
                       if n["target_entity_id"] == old["target_entity_id"]
                       and n["valid_at"] >= old["valid_at"]]
             if (newer := _first_newer(members, index, scope)) is not None:
@@ -467,24 +493,29 @@ def invalidate_subject(edges: list[dict], config: FactsConfig) -> list[dict]:
             for other in unclassed_of.get(old["target_entity_id"], ()):
                 if old["valid_at"] <= other["valid_at"] < cause["valid_at"]:
                     _end(other, cause["valid_at"], cause["edge_id"])
-    for name, edge in shared:  # a membership ends only by its own ending or negation
-        _end_by(edge, [n for n in (*negations.get(name, ()), *endings)
+
+
+def _other_ends(kinds: _Kinds, config: FactsConfig) -> None:
+    """Memberships, facts worded as an ending's object and titles, ended after the
+    exclusive classes (`_exclusive_ends`)."""
+    for name, edge in kinds.shared:  # a membership ends only by its own ending or negation
+        _end_by(edge, [n for n in (*kinds.negations.get(name, ()), *kinds.endings)
                        if n["target_entity_id"] == edge["target_entity_id"]])
     prefix = config.ending_prefix
-    for ending in endings:  # "no longer goes to X" ends "goes to X", as first worded
+    for ending in kinds.endings:  # "no longer goes to X" ends "goes to X", as first worded
         if ending["relation"].startswith(prefix):
-            for other in unclassed:
+            for other in kinds.unclassed:
                 if other["relation"] == ending["relation"][len(prefix):]:
                     _end_by(other, [ending] if other["target_entity_id"] == (
                         ending["target_entity_id"]) else [])
-    for name, members in classes.items():  # a title ends with the job it was held at
-        scoping = {e["edge_id"]: e for e in classes.get(per.get(name, ""), [])}
+    per = _scoping(config)
+    for name, members in kinds.classes.items():  # a title ends with the job it was held at
+        scoping = {e["edge_id"]: e for e in kinds.classes.get(per.get(name, ""), [])}
         for edge in members:
             for other in scoping.values():
                 if other["invalid_at"] is not None and set(edge["episode_ids"] or ()) & set(
                         other["episode_ids"] or ()):
                     _end(edge, other["invalid_at"], other["invalidated_by"])
-    return sorted(edges, key=lambda e: e["edge_id"])
 
 
 def _end_by(edge: dict, causes: list[dict]) -> None:

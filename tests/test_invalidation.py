@@ -330,28 +330,16 @@ def test_combining_follows_the_rule_edge_by_edge():
 
 
 def _invalidate_by_pairs(edges: list[dict], config: FactsConfig) -> list[dict]:
-    """`invalidate_subject`'s exclusive-class rule as first written, every later member
-    gathered for each and the earliest taken, every unclassed fact and scoping edge scanned
-    (the reference the indexed version is held to)."""
-    from tkg.pipeline.facts import _comparable, _end, _end_by
+    """`invalidate_subject` with its exclusive-class rule as first written, every later
+    member gathered for each and the earliest taken, every unclassed fact and scoping edge
+    scanned (the reference the indexed `_exclusive_ends` is held to)."""
+    from tkg.pipeline.facts import _comparable, _end, _kinds, _other_ends, _scoping
 
-    classes, negations, endings, unclassed, shared = {}, {}, [], [], []
-    for row in edges:
-        _, cls, negated = relation_class(row["relation"], config)
-        if cls is config.ending and row["valid_at"] is not None:
-            endings.append(row)
-        if cls is None and not negated and row["valid_at"] is not None:
-            unclassed.append(row)
-        if cls is None or cls is config.ending or row["valid_at"] is None:
-            continue
-        if not cls.exclusive and not negated:
-            shared.append((cls.name, row))
-            continue
-        (negations if negated else classes).setdefault(cls.name, []).append(row)
-    per = {cls.name: cls.per for cls in config.relation_classes if cls.per}
-    for name, members in classes.items():
+    kinds = _kinds(edges, config)
+    per = _scoping(config)
+    for name, members in kinds.classes.items():
         members.sort(key=lambda e: (e["valid_at"], e["edge_id"]))
-        scoping = classes.get(per.get(name, ""), [])
+        scoping = kinds.classes.get(per.get(name, ""), [])
         scope = {}
         for row in members:
             objects = {s["target_entity_id"] for s in scoping
@@ -362,34 +350,18 @@ def _invalidate_by_pairs(edges: list[dict], config: FactsConfig) -> list[dict]:
                       if n["target_entity_id"] != old["target_entity_id"]
                       and n["valid_at"] > old["valid_at"]
                       and _comparable(scope[n["edge_id"]], scope[old["edge_id"]])]
-            causes += [n for n in (*negations.get(name, ()), *endings)
+            causes += [n for n in (*kinds.negations.get(name, ()), *kinds.endings)
                        if n["target_entity_id"] == old["target_entity_id"]
                        and n["valid_at"] >= old["valid_at"]]
             if not causes:
                 continue
             cause = min(causes, key=lambda e: (e["valid_at"], e["edge_id"]))
             _end(old, cause["valid_at"], cause["edge_id"])
-            for other in unclassed:
+            for other in kinds.unclassed:
                 if other["target_entity_id"] == old["target_entity_id"] and (
                         old["valid_at"] <= other["valid_at"] < cause["valid_at"]):
                     _end(other, cause["valid_at"], cause["edge_id"])
-    for name, row in shared:
-        _end_by(row, [n for n in (*negations.get(name, ()), *endings)
-                      if n["target_entity_id"] == row["target_entity_id"]])
-    prefix = config.ending_prefix
-    for ending in endings:
-        if ending["relation"].startswith(prefix):
-            for other in unclassed:
-                if other["relation"] == ending["relation"][len(prefix):]:
-                    _end_by(other, [ending] if other["target_entity_id"] == (
-                        ending["target_entity_id"]) else [])
-    for name, members in classes.items():
-        scoping = {e["edge_id"]: e for e in classes.get(per.get(name, ""), [])}
-        for row in members:
-            for other in scoping.values():
-                if other["invalid_at"] is not None and set(row["episode_ids"] or ()) & set(
-                        other["episode_ids"] or ()):
-                    _end(row, other["invalid_at"], other["invalidated_by"])
+    _other_ends(kinds, config)
     return sorted(edges, key=lambda e: e["edge_id"])
 
 
