@@ -490,7 +490,7 @@ def _indexes(snapshot: Location, previous: Location | None, kept: Sequence[str],
     lance = {name: _sibling(previous, where[name]) for name in reused}
     arrays = {name: _sibling(previous, arrays_before[name]) for name in reused}
     bases = {name: Extendable(where[name], int(figures["version"]), int(figures["appends"]),
-                              arrays_before.get(name))
+                              arrays_before.get(name), int(figures.get("unindexed", 0)))
              for name, figures in before.items()
              if extend and name in where and name not in reused
              and isinstance(figures, dict) and "version" in figures and "appends" in figures}
