@@ -88,12 +88,12 @@ def resolve_entities(mentions: pa.Table, created_at: datetime, ids: bool = True
     """Mentions -> one row per entity, vectorized (polars). Mentions mapped by the resolver
     carry `entity_id`, `root`, `evidence` and `score`; unmapped ones are grouped by
     normalized name (name nodes), whose `entity_id` is the id the name would have as an
-    entity, null without `ids`. An entity is named by its most complete surface form (most
-    words, then most frequent, then longest, then alphabetical), a name node's labels are
-    the specific ones (generic ones only when there are none), an entity's its strongest
-    (`_strongest_label`), later attributes win."""
+    entity; without `ids`, null, and the rows are `schema.NAME_NODES`. An entity is named
+    by its most complete surface form (most words, then most frequent, then longest, then
+    alphabetical), a name node's labels are the specific ones (generic ones only when there
+    are none), an entity's its strongest (`_strongest_label`), later attributes win."""
     if mentions.num_rows == 0:
-        return schema.RESOLVED_ENTITIES.empty_table()
+        return (schema.RESOLVED_ENTITIES if ids else schema.NAME_NODES).empty_table()
     df = pl.from_arrow(mentions)
     mapped = "entity_id" in df.columns
     if not mapped:
@@ -108,8 +108,7 @@ def resolve_entities(mentions: pa.Table, created_at: datetime, ids: bool = True
         mention_count=pl.col("episode_id").n_unique(),
     )
     # A record's key name (`Employee 2`) names an entity only when nothing else does.
-    key_name = pl.col("attributes").cast(pl.String).str.json_path_match(
-        f"$.{RECORD_ATTRIBUTE}") == pl.col("name")
+    key_name = spelled_as_key()
     short = pl.col("evidence").is_in(NEVER_NAMES)  # Mel, T-17: never the entity's name
     # each surface name of an entity once, for its name and its aliases alike (one
     # grouping of the mentions, where two took 0.8 s at 1,000,000 mentions)
@@ -118,11 +117,7 @@ def resolve_entities(mentions: pa.Table, created_at: datetime, ids: bool = True
         normalized=pl.col("normalized").first(),
         evidence=pl.col("evidence").first().fill_null("exact"),
         score=pl.col("score").first().fill_null(1.0))
-    named = (per_name.with_columns(words=pl.col("name").str.count_matches(r"\S+"),
-                                   chars=pl.col("name").str.len_chars())
-             .sort([*keys, "short", "key_name", "words", "count", "chars", "name"],
-                   descending=[False, False, False, False, True, True, True, False])
-             .group_by(keys, maintain_order=True).agg(name=pl.col("name").first()))
+    named = chosen_names(per_name, keys)
     labelled = df.filter(pl.col("label").is_not_null())
     if mapped:  # an entity: one label, its strongest
         labelled = _strongest_label(labelled, keys)
@@ -132,7 +127,9 @@ def resolve_entities(mentions: pa.Table, created_at: datetime, ids: bool = True
         specific=pl.col("label").filter(specific_label).unique().sort())
     aliases = (per_name.sort([*keys, "name"]).group_by(keys, maintain_order=True)
                .agg(aliases=pl.col("name"), alias_normalized=pl.col("normalized"),
-                    alias_evidence=pl.col("evidence"), alias_score=pl.col("score")))
+                    alias_evidence=pl.col("evidence"), alias_score=pl.col("score"),
+                    alias_mentions=pl.col("count").cast(pl.Int64),
+                    alias_key_name=pl.col("key_name")))
     attributes: dict[tuple[str, str], dict] = {}
     for group_id, key, text in df.filter(pl.col("attributes").is_not_null()).select(
             [*keys, "attributes"]).iter_rows():
@@ -155,7 +152,24 @@ def resolve_entities(mentions: pa.Table, created_at: datetime, ids: bool = True
     ).to_arrow()
     table = table.append_column("created_at", pa.array([created_at] * table.num_rows,
                                                        schema.TS))
-    return schema.conform(table, schema.RESOLVED_ENTITIES)
+    return schema.conform(table, schema.RESOLVED_ENTITIES if ids else schema.NAME_NODES)
+
+
+def spelled_as_key() -> pl.Expr:
+    """A mention spelled as its business record's key name (`Employee 2`)."""
+    return (pl.col("attributes").cast(pl.String).str.json_path_match(f"$.{RECORD_ATTRIBUTE}")
+            == pl.col("name"))
+
+
+def chosen_names(per_name: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """(keys, name) of each key's name among its surface forms (`per_name`: keys, name,
+    count, key_name, short): the most complete, then most frequent, then longest, then
+    alphabetical; a record's key name or a short name only where nothing else is."""
+    return (per_name.with_columns(words=pl.col("name").str.count_matches(r"\S+"),
+                                  chars=pl.col("name").str.len_chars())
+            .sort([*keys, "short", "key_name", "words", "count", "chars", "name"],
+                  descending=[False] * len(keys) + [False, False, True, True, True, False])
+            .group_by(keys, maintain_order=True).agg(name=pl.col("name").first()))
 
 
 def _strongest_label(labelled: pl.DataFrame, keys: list[str]) -> pl.DataFrame:

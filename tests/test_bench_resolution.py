@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pyarrow as pa
 from tkg.jobs.bench.resolution import SyntheticVectors, pairwise_scores, synthetic_mentions
-from tkg.pipeline import resolve
+from tkg.pipeline import resolve, schema
 from tkg.pipeline.adjudicate import NamePair, adjudicate
 from tkg.pipeline.config import ResolveConfig
 
@@ -65,7 +65,9 @@ def test_name_nodes_without_ids_are_those_with_ids():
     with_ids = resolve.resolve_entities(mentions, when)
     without = resolve.resolve_entities(mentions, when, ids=False)
     assert without["entity_id"].null_count == without.num_rows > 300
-    assert without.drop_columns(["entity_id"]).equals(with_ids.drop_columns(["entity_id"]))
+    same = [f.name for f in schema.RESOLVED_ENTITIES if f.name != "entity_id"]
+    assert without.select(same).equals(with_ids.select(same))
+    assert without.schema == schema.NAME_NODES
     assert with_ids["entity_id"].null_count == 0
 
 

@@ -1,0 +1,116 @@
+"""A later run's name nodes merged into the stored ones (pipeline/node_merge.py) are the
+nodes of every mention of each name, where the merge is exact; the others are marked to be
+made again."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+from tkg.pipeline import node_merge, resolve, schema
+
+WHEN = datetime(2025, 1, 2, tzinfo=UTC)
+SPELLINGS = {"acme corp": ["Acme Corp", "ACME Corp", "acme corp", "Acme  Corp"],
+             "employee 2": ["Employee 2", "employee 2"],
+             "dana lee": ["Dana Lee", "dana lee", "DANA LEE"],
+             "kite": ["Kite", "kite"]}
+LABELS = [None, "Person", "Organization", "Entity", "Concept", "Location"]
+
+
+def _mentions(rng: random.Random, episodes: range, start: datetime, undated: float
+              ) -> list[dict]:
+    rows = []
+    for episode in episodes:
+        valid_at = None if rng.random() < undated else start + timedelta(
+            hours=rng.randrange(0, 48))
+        for normalized in rng.sample(sorted(SPELLINGS), rng.randint(1, 3)):
+            # (mentions of a name in one episode tie in time: which of their attributes
+            # wins is not defined, so they agree)
+            role = json.dumps({"role": rng.choice("ab")})
+            keyed = json.dumps({schema.RECORD_ATTRIBUTE: SPELLINGS[normalized][0]})
+            for _ in range(rng.randint(1, 2)):  # a name twice in an episode counts once
+                name = rng.choice(SPELLINGS[normalized])
+                attributes = rng.choice([None, None, role, keyed])
+                rows.append({"episode_id": f"ep-{episode}", "group_id": rng.choice("gh"),
+                             "valid_at": valid_at, "name": name,
+                             "label": rng.choice(LABELS), "attributes": attributes,
+                             "normalized": normalized})
+    return rows
+
+
+def _nodes(rows: list[dict]) -> pa.Table:
+    return resolve.resolve_entities(pa.Table.from_pylist(rows, schema=resolve.MENTION_ROWS),
+                                    WHEN, ids=False)
+
+
+def _by_name(table: pa.Table) -> dict[tuple[str, str], dict]:
+    return {(r["group_id"], r["normalized"]): r for r in table.to_pylist()}
+
+
+def test_merged_nodes_are_the_nodes_of_every_mention():
+    rng = random.Random(11)
+    outcomes = {"merged": 0, "again": 0, "new": 0}
+    for case in range(60):
+        early = datetime(2024, 1, 1, tzinfo=UTC)
+        # later mentions after the stored ones, or (a third of the cases) overlapping them
+        late = early + timedelta(hours=rng.choice([49, 60, 24 if case % 3 == 0 else 49]))
+        stored = _mentions(rng, range(0, rng.randint(0, 12)), early, 0.1)
+        later = _mentions(rng, range(100, 100 + rng.randint(1, 6)), late,
+                          0.15 if case % 5 == 0 else 0.0)
+        rows = pa.concat_tables([node_merge.tagged(_nodes(later), "later")]
+                                + ([node_merge.tagged(_nodes(stored), "stored")]
+                                   if stored else []))
+        merged = node_merge.merge_nodes(rows, WHEN)
+        assert merged.schema == node_merge.MERGED
+        whole, before = _by_name(_nodes(stored + later)), _by_name(_nodes(stored)) \
+            if stored else {}
+        got = _by_name(merged)
+        assert got.keys() == _by_name(_nodes(later)).keys()
+        for key, row in got.items():
+            again = row.pop(node_merge.AGAIN)
+            if again:
+                assert key in before
+                outcomes["again"] += 1
+                continue
+            outcomes["merged" if key in before else "new"] += 1
+            assert row == whole[key], (case, key)
+    assert min(outcomes.values()) > 20, outcomes
+
+
+def test_a_node_stored_without_its_surface_counts_is_made_again():
+    rng = random.Random(3)
+    early = datetime(2024, 1, 1, tzinfo=UTC)
+    stored = _nodes(_mentions(rng, range(0, 5), early, 0.0))
+    stored = stored.set_column(stored.schema.get_field_index("alias_mentions"),
+                               "alias_mentions", pa.nulls(stored.num_rows,
+                                                          pa.list_(pa.int64())))
+    later = _nodes(_mentions(rng, range(10, 14), early + timedelta(days=5), 0.0))
+    merged = node_merge.merge_nodes(pa.concat_tables([
+        node_merge.tagged(later, "later"), node_merge.tagged(stored, "stored")]), WHEN)
+    known = set(_by_name(stored))
+    assert [r[node_merge.AGAIN] for r in merged.to_pylist()] == [
+        (r["group_id"], r["normalized"]) in known for r in merged.to_pylist()]
+
+
+def test_a_later_mention_no_later_than_the_stored_ones_makes_the_node_again():
+    """At the stored node's last time, an episode id that sorts first would come first:
+    the merge cannot know, so the node is made again; so is one with an undated mention."""
+    at = datetime(2024, 3, 1, tzinfo=UTC)
+    row = {"group_id": "g", "name": "Dana Lee", "label": "Person", "normalized": "dana lee"}
+    stored = _nodes([{**row, "episode_id": "ep-9", "valid_at": at,
+                      "attributes": json.dumps({"role": "a"})}])
+    for valid_at in (at, None, at - timedelta(hours=1)):
+        later = _nodes([{**row, "episode_id": "ep-10", "valid_at": valid_at,
+                         "attributes": json.dumps({"role": "b"})}])
+        merged = node_merge.merge_nodes(pa.concat_tables([
+            node_merge.tagged(later, "later"), node_merge.tagged(stored, "stored")]), WHEN)
+        assert merged[node_merge.AGAIN].to_pylist() == [True], valid_at
+    later = _nodes([{**row, "episode_id": "ep-10", "valid_at": at + timedelta(seconds=1),
+                     "attributes": json.dumps({"role": "b"})}])
+    merged = node_merge.merge_nodes(pa.concat_tables([
+        node_merge.tagged(later, "later"), node_merge.tagged(stored, "stored")]), WHEN)
+    assert merged[node_merge.AGAIN].to_pylist() == [False]
+    assert merged["attributes"].to_pylist() == ['{"role": "b"}']
+    assert merged["mention_count"].to_pylist() == [2]
