@@ -88,12 +88,13 @@ def resolve_entities(mentions: pa.Table, created_at: datetime, ids: bool = True
     """Mentions -> one row per entity, vectorized (polars). Mentions mapped by the resolver
     carry `entity_id`, `root`, `evidence` and `score`; unmapped ones are grouped by
     normalized name (name nodes), whose `entity_id` is the id the name would have as an
-    entity; without `ids`, null, and the rows are `schema.NAME_NODES`. An entity is named
+    entity, null without `ids`. Each row keeps what merging it with later mentions needs
+    (`schema.RESOLVED_ENTITIES`, `node_merge`). An entity is named
     by its most complete surface form (most words, then most frequent, then longest, then
     alphabetical), a name node's labels are the specific ones (generic ones only when there
-    are none), an entity's its strongest (`_strongest_label`), later attributes win."""
+    are none), an entity's its strongest (`strongest_labels`), later attributes win."""
     if mentions.num_rows == 0:
-        return (schema.RESOLVED_ENTITIES if ids else schema.NAME_NODES).empty_table()
+        return schema.RESOLVED_ENTITIES.empty_table()
     df = pl.from_arrow(mentions)
     mapped = "entity_id" in df.columns
     if not mapped:
@@ -120,7 +121,8 @@ def resolve_entities(mentions: pa.Table, created_at: datetime, ids: bool = True
     named = chosen_names(per_name, keys)
     labelled = df.filter(pl.col("label").is_not_null())
     if mapped:  # an entity: one label, its strongest
-        labelled = _strongest_label(labelled, keys)
+        counted = label_counts(labelled, keys)
+        labelled = labelled.join(strongest_labels(counted, keys), on=[*keys, "label"])
     specific_label = ~pl.col("label").is_in(sorted(GENERIC_LABELS))
     labels = labelled.group_by(keys).agg(
         every=pl.col("label").unique().sort(),
@@ -129,13 +131,18 @@ def resolve_entities(mentions: pa.Table, created_at: datetime, ids: bool = True
                .agg(aliases=pl.col("name"), alias_normalized=pl.col("normalized"),
                     alias_evidence=pl.col("evidence"), alias_score=pl.col("score"),
                     alias_mentions=pl.col("count").cast(pl.Int64),
-                    alias_key_name=pl.col("key_name")))
+                    alias_key_name=pl.col("key_name"), alias_short=pl.col("short")))
     attributes: dict[tuple[str, str], dict] = {}
     for group_id, key, text in df.filter(pl.col("attributes").is_not_null()).select(
             [*keys, "attributes"]).iter_rows():
         attributes.setdefault((group_id, key), {}).update(json.loads(text))
     out = (base.join(named, on=keys, how="left").join(labels, on=keys, how="left")
            .join(aliases, on=keys, how="left").sort(keys))
+    if mapped:
+        out = out.join(counted.sort([*keys, "label"]).group_by(keys, maintain_order=True).agg(
+            label_names=pl.col("label"), label_counts=pl.col("count").cast(pl.Int64),
+            label_last=pl.col("last")), on=keys, how="left").with_columns(
+            pl.col(c).fill_null([]) for c in ("label_names", "label_counts", "label_last"))
     rows = out.select(["group_id", "_key", "normalized", "entity_id"]).rows()
     # "{}" without json.dumps for a name without attributes: 0.5 s of this function's 2.8 s
     # at 152,472 names
@@ -152,7 +159,7 @@ def resolve_entities(mentions: pa.Table, created_at: datetime, ids: bool = True
     ).to_arrow()
     table = table.append_column("created_at", pa.array([created_at] * table.num_rows,
                                                        schema.TS))
-    return schema.conform(table, schema.RESOLVED_ENTITIES if ids else schema.NAME_NODES)
+    return schema.conform(table, schema.RESOLVED_ENTITIES)
 
 
 def spelled_as_key() -> pl.Expr:
@@ -172,19 +179,21 @@ def chosen_names(per_name: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
             .group_by(keys, maintain_order=True).agg(name=pl.col("name").first()))
 
 
-def _strongest_label(labelled: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
-    """The mentions of each entity's strongest label: a specific label over a generic one,
-    then the most mentions, then the latest (spaCy tags a company a place now and then, a
-    name a person in one sentence and a place in the next). Name nodes keep every label:
-    resolution lets two names merge on any shared one."""
-    ranked = (labelled.with_columns(generic=pl.col("label").is_in(sorted(GENERIC_LABELS)))
-              .group_by([*keys, "label"])
-              .agg(pl.col("generic").first(), count=pl.len(), last=pl.col("valid_at").max())
-              .sort([*keys, "generic", "count", "last", "label"],
-                    descending=[False] * len(keys) + [False, True, True, False],
-                    nulls_last=True)
-              .group_by(keys, maintain_order=True).agg(pl.col("label").first()))
-    return labelled.join(ranked, on=[*keys, "label"])
+def label_counts(labelled: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """(keys, label, count, last) of each label of each key: its mentions and the latest."""
+    return labelled.group_by([*keys, "label"]).agg(count=pl.len(),
+                                                   last=pl.col("valid_at").max())
+
+
+def strongest_labels(counted: pl.DataFrame, keys: list[str]) -> pl.DataFrame:
+    """(keys, label) of each entity's strongest label (`label_counts`): a specific label
+    over a generic one, then the most mentions, then the latest (spaCy tags a company a
+    place now and then, a name a person in one sentence and a place in the next). Name
+    nodes keep every label: resolution lets two names merge on any shared one."""
+    return (counted.with_columns(generic=pl.col("label").is_in(sorted(GENERIC_LABELS)))
+            .sort([*keys, "generic", "count", "last", "label"],
+                  descending=[False] * len(keys) + [False, True, True, False], nulls_last=True)
+            .group_by(keys, maintain_order=True).agg(pl.col("label").first()))
 
 
 def alias_rows(entities: pa.Table) -> pa.Table:

@@ -273,14 +273,18 @@ RESOLVED_ENTITIES = pa.schema(
         pa.field("alias_normalized", pa.list_(pa.string())),
         pa.field("alias_evidence", pa.list_(pa.string())),
         pa.field("alias_score", pa.list_(pa.float64())),
+        # what merging the row with the node or entity of later mentions needs
+        # (`node_merge`): per surface form in `aliases`' order, its mentions, whether a
+        # record's key spelt it and whether its evidence keeps it from naming; an entity's
+        # labels (sorted), each with its mentions and latest time
+        pa.field("alias_mentions", pa.list_(pa.int64())),
+        pa.field("alias_key_name", pa.list_(pa.bool_())),
+        pa.field("alias_short", pa.list_(pa.bool_())),
+        pa.field("label_names", pa.list_(pa.string())),
+        pa.field("label_counts", pa.list_(pa.int64())),
+        pa.field("label_last", pa.list_(TS)),
     ]
 )
-# A name node (`resolve.resolve_entities` without ids) with, per surface form in `aliases`'
-# order, its mentions and whether a record's key spelt it: what a later run needs to merge
-# the node of its own mentions of the name into the stored node (`node_merge.merge_nodes`)
-# instead of grouping every mention of the name again.
-NAME_NODES = RESOLVED_ENTITIES.append(pa.field("alias_mentions", pa.list_(pa.int64()))).append(
-    pa.field("alias_key_name", pa.list_(pa.bool_())))
 FACT_MENTIONS = pa.schema([
     ("group_id", pa.string()), ("episode_id", pa.string()),
     ("source_normalized", pa.string()), ("target_normalized", pa.string()),
@@ -361,9 +365,9 @@ WORK_TABLES: dict[str, Callable[[int], pa.Schema]] = {
     "window_rejects": lambda _dim: REJECTS,
     "extractions": lambda _dim: EXTRACTIONS,
     "extract_rejects": lambda _dim: REJECTS,
-    "name_nodes": lambda _dim: NAME_NODES,
+    "name_nodes": lambda _dim: RESOLVED_ENTITIES,
     "entity_mentions": lambda _dim: ENTITY_MENTIONS,
-    "name_vectors": lambda dim: NAME_NODES.append(pa.field("name_embedding", vector(dim))),
+    "name_vectors": lambda dim: RESOLVED_ENTITIES.append(pa.field("name_embedding", vector(dim))),
     "resolution_pairs": lambda _dim: RESOLUTION_PAIRS,
     "alias_map": lambda _dim: ALIAS_MAP,
     "resolved_entities": lambda _dim: RESOLVED_ENTITIES,

@@ -67,7 +67,7 @@ def test_name_nodes_without_ids_are_those_with_ids():
     assert without["entity_id"].null_count == without.num_rows > 300
     same = [f.name for f in schema.RESOLVED_ENTITIES if f.name != "entity_id"]
     assert without.select(same).equals(with_ids.select(same))
-    assert without.schema == schema.NAME_NODES
+    assert without.schema == schema.RESOLVED_ENTITIES
     assert with_ids["entity_id"].null_count == 0
 
 

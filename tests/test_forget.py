@@ -32,7 +32,7 @@ IGNORED = {"run_id", "created_at", "expired_at", "content_embedding", "name_embe
 VECTORS = {"entities": ("entity_id", "name_embedding"), "facts": ("edge_id", "fact_embedding")}
 INTERNAL = {INTERNAL_EXTRACTIONS: schema.EXTRACTIONS, INTERNAL_PAIRS: schema.RESOLUTION_PAIRS,
             INTERNAL_NAMES: schema.NAME_MAP, INTERNAL_MENTIONS: schema.ENTITY_MENTIONS,
-            INTERNAL_NODES: schema.NAME_NODES,
+            INTERNAL_NODES: schema.RESOLVED_ENTITIES,
             INTERNAL_ENTITIES: schema.RESOLVED_ENTITIES}
 TABLES = [t for t in schema.PUBLISHED if t != "runs"] + list(INTERNAL)
 

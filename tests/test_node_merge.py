@@ -13,7 +13,7 @@ from tkg.pipeline import node_merge, resolve, schema
 
 WHEN = datetime(2025, 1, 2, tzinfo=UTC)
 SPELLINGS = {"acme corp": ["Acme Corp", "ACME Corp", "acme corp", "Acme  Corp"],
-             "employee 2": ["Employee 2", "employee 2"],
+             "employee 2": ["Employee 2", "employee 2", "Dana Lee"],  # a record called so
              "dana lee": ["Dana Lee", "dana lee", "DANA LEE"],
              "kite": ["Kite", "kite"]}
 LABELS = [None, "Person", "Organization", "Entity", "Concept", "Location"]
@@ -25,11 +25,15 @@ def _mentions(rng: random.Random, episodes: range, start: datetime, undated: flo
     for episode in episodes:
         valid_at = None if rng.random() < undated else start + timedelta(
             hours=rng.randrange(0, 48))
-        for normalized in rng.sample(sorted(SPELLINGS), rng.randint(1, 3)):
-            # (mentions of a name in one episode tie in time: which of their attributes
-            # wins is not defined, so they agree)
-            role = json.dumps({"role": rng.choice("ab")})
-            keyed = json.dumps({schema.RECORD_ATTRIBUTE: SPELLINGS[normalized][0]})
+        # (an episode's mentions tie in time: which of their attributes wins is not
+        # defined, so they agree)
+        role = json.dumps({"role": rng.choice("ab")})
+        chosen = rng.sample(sorted(SPELLINGS), rng.randint(1, 3))
+        if {"dana lee", "employee 2"} <= set(chosen):  # ("Dana Lee" twice in one episode:
+            chosen.remove("employee 2")  # which normalized name comes first is not defined)
+        for normalized in chosen:
+            keyed = json.dumps({schema.RECORD_ATTRIBUTE: SPELLINGS[normalized][0]}) \
+                if normalized == "employee 2" else role  # (one record name per entity)
             for _ in range(rng.randint(1, 2)):  # a name twice in an episode counts once
                 name = rng.choice(SPELLINGS[normalized])
                 attributes = rng.choice([None, None, role, keyed])
@@ -62,7 +66,7 @@ def test_merged_nodes_are_the_nodes_of_every_mention():
         rows = pa.concat_tables([node_merge.tagged(_nodes(later), "later")]
                                 + ([node_merge.tagged(_nodes(stored), "stored")]
                                    if stored else []))
-        merged = node_merge.merge_nodes(rows, WHEN)
+        merged = node_merge.merge_rows(rows, WHEN, False)
         assert merged.schema == node_merge.MERGED
         whole, before = _by_name(_nodes(stored + later)), _by_name(_nodes(stored)) \
             if stored else {}
@@ -76,7 +80,7 @@ def test_merged_nodes_are_the_nodes_of_every_mention():
                 continue
             outcomes["merged" if key in before else "new"] += 1
             assert row == whole[key], (case, key)
-    assert min(outcomes.values()) > 20, outcomes
+    assert min(outcomes.values()) > 10, outcomes
 
 
 def test_a_node_stored_without_its_surface_counts_is_made_again():
@@ -87,8 +91,8 @@ def test_a_node_stored_without_its_surface_counts_is_made_again():
                                "alias_mentions", pa.nulls(stored.num_rows,
                                                           pa.list_(pa.int64())))
     later = _nodes(_mentions(rng, range(10, 14), early + timedelta(days=5), 0.0))
-    merged = node_merge.merge_nodes(pa.concat_tables([
-        node_merge.tagged(later, "later"), node_merge.tagged(stored, "stored")]), WHEN)
+    merged = node_merge.merge_rows(pa.concat_tables([
+        node_merge.tagged(later, "later"), node_merge.tagged(stored, "stored")]), WHEN, False)
     known = set(_by_name(stored))
     assert [r[node_merge.AGAIN] for r in merged.to_pylist()] == [
         (r["group_id"], r["normalized"]) in known for r in merged.to_pylist()]
@@ -104,13 +108,65 @@ def test_a_later_mention_no_later_than_the_stored_ones_makes_the_node_again():
     for valid_at in (at, None, at - timedelta(hours=1)):
         later = _nodes([{**row, "episode_id": "ep-10", "valid_at": valid_at,
                          "attributes": json.dumps({"role": "b"})}])
-        merged = node_merge.merge_nodes(pa.concat_tables([
-            node_merge.tagged(later, "later"), node_merge.tagged(stored, "stored")]), WHEN)
+        merged = node_merge.merge_rows(pa.concat_tables([
+            node_merge.tagged(later, "later"), node_merge.tagged(stored, "stored")]), WHEN, False)
         assert merged[node_merge.AGAIN].to_pylist() == [True], valid_at
     later = _nodes([{**row, "episode_id": "ep-10", "valid_at": at + timedelta(seconds=1),
                      "attributes": json.dumps({"role": "b"})}])
-    merged = node_merge.merge_nodes(pa.concat_tables([
-        node_merge.tagged(later, "later"), node_merge.tagged(stored, "stored")]), WHEN)
+    merged = node_merge.merge_rows(pa.concat_tables([
+        node_merge.tagged(later, "later"), node_merge.tagged(stored, "stored")]), WHEN, False)
     assert merged[node_merge.AGAIN].to_pylist() == [False]
     assert merged["attributes"].to_pylist() == ['{"role": "b"}']
     assert merged["mention_count"].to_pylist() == [2]
+
+
+# entities: (normalized name, its root, evidence, score) of the names mapped to each
+ENTITIES = {"ent-acme": [("acme corp", "acme corp", "exact", 1.0),
+                         ("kite", "acme corp", "nickname", 0.7)],
+            "ent-dana": [("dana lee", "dana lee", "exact", 1.0),
+                         ("employee 2", "dana lee", "record", 0.9)]}
+
+
+def _mapped(rows: list[dict]) -> list[dict]:
+    """`rows` as the resolver maps them: each name's entity, root, evidence and score."""
+    of = {name: (entity, root, evidence, score) for entity, names in ENTITIES.items()
+          for name, root, evidence, score in names}
+    return [{**row, **dict(zip(("entity_id", "root", "evidence", "score"),
+                               of[row["normalized"]], strict=True))} for row in rows]
+
+
+def _entities(rows: list[dict]) -> pa.Table:
+    return resolve.resolve_entities(pa.Table.from_pylist(rows), WHEN)
+
+
+def _by_entity(table: pa.Table) -> dict[tuple[str, str], dict]:
+    return {(r["group_id"], r["entity_id"]): r for r in table.to_pylist()}
+
+
+def test_merged_entities_are_the_entities_of_every_mention():
+    """An entity's strongest label, name, aliases (their evidence and scores) and
+    attributes from the stored row and the later mentions' row alone."""
+    rng = random.Random(5)
+    outcomes = {"merged": 0, "again": 0, "new": 0}
+    for case in range(60):
+        early = datetime(2024, 1, 1, tzinfo=UTC)
+        late = early + timedelta(hours=rng.choice([49, 60, 24 if case % 3 == 0 else 49]))
+        stored = _mapped(_mentions(rng, range(0, rng.randint(0, 12)), early, 0.1))
+        later = _mapped(_mentions(rng, range(100, 100 + rng.randint(1, 6)), late,
+                                  0.15 if case % 5 == 0 else 0.0))
+        rows = pa.concat_tables([node_merge.tagged(_entities(later), "later")]
+                                + ([node_merge.tagged(_entities(stored), "stored")]
+                                   if stored else []))
+        merged = node_merge.merge_rows(rows, WHEN, True)
+        whole = _by_entity(_entities(stored + later))
+        before = _by_entity(_entities(stored)) if stored else {}
+        got = _by_entity(merged)
+        assert got.keys() == _by_entity(_entities(later)).keys()
+        for key, row in got.items():
+            if row.pop(node_merge.AGAIN):
+                assert key in before
+                outcomes["again"] += 1
+                continue
+            outcomes["merged" if key in before else "new"] += 1
+            assert row == whole[key], (case, key)
+    assert min(outcomes.values()) > 10, outcomes

@@ -7,9 +7,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from ray.data import Dataset
-from tkg.pipeline import engine, node_merge, resolve, schema
+from tkg.pipeline import engine, node_merge, resolve
 from tkg.pipeline.context import Publish, RunContext, Stage
 from tkg.pipeline.stages.common import (
     ENTITY_COLUMNS,
@@ -47,7 +46,7 @@ def names_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datase
 
 def names_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """Tonight's mention rows; the nodes of the names they mention merged into the stored
-    ones (`node_merge.merge_nodes`), or, where a merge would not be exact, computed again
+    ones (`node_merge.merge_rows`), or, where a merge would not be exact, computed again
     from every mention of those names, the stored ones and tonight's (a node is a function
     of its name's mentions); every other node as stored, with this run's transaction time
     as every node gets. Mapping every stored extraction to mentions and grouping every
@@ -64,11 +63,11 @@ def names_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
     merged = engine.shuffle_together(
         ctx, {"later": tonight, "stored": engine.map(ctx, before, in_set(
             "normalized", names, group_column="group_id"))},
-        node_merge.KEYS, node_merge.tagged, node_merge.merge_nodes,
-        ctx.created_at).materialize()
-    nodes = engine.map(ctx, merged, _again, False).materialize()
-    again = engine.gather(ctx, engine.map(ctx, merged, _again, True), ["group_id", "normalized"],
-                          what="names made again")
+        node_merge.NODE_KEYS, node_merge.tagged, node_merge.merge_rows, ctx.created_at,
+        False).materialize()
+    nodes = engine.map(ctx, merged, node_merge.marked, False).materialize()
+    again = engine.gather(ctx, engine.map(ctx, merged, node_merge.marked, True),
+                          ["group_id", "normalized"], what="names made again")
     ctx.count("name_nodes_merged", nodes.count())
     if again.num_rows:
         nodes = engine.union(ctx, nodes, _made_again(ctx, new, set(
@@ -78,14 +77,6 @@ def names_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Datas
         "normalized", names, keep=False, group_column="group_id")), created_now,
         ctx.created_at)
     return {"name_nodes": engine.union(ctx, nodes, kept).materialize(), "entity_mentions": new}
-
-
-def _again(rows: pa.Table, again: bool) -> pa.Table:
-    """The `NAME_NODES` rows of `merge_nodes` that are (`again`) or are not marked to be
-    made again."""
-    marked = rows[node_merge.AGAIN]
-    kept = rows.filter(marked if again else pc.invert(marked))
-    return schema.conform(kept, schema.NAME_NODES)
 
 
 def _made_again(ctx: RunContext, new: Dataset, names: set[str]) -> Dataset:
