@@ -130,6 +130,11 @@ def distinct_entities(block: pa.Table) -> pa.Table:
     return block.group_by("entity_id").aggregate([])
 
 
+def distinct_rows(block: pa.Table) -> pa.Table:
+    """The distinct rows of a block (a shuffle by every column makes them distinct)."""
+    return block.group_by(block.column_names).aggregate([])
+
+
 def open_versions(batch: pa.Table) -> pa.Table:
     return batch.filter(pc.is_null(batch["expired_at"]))
 

@@ -8,7 +8,7 @@ from ray.data import Dataset
 from tkg.pipeline import communities, engine, schema
 from tkg.pipeline.context import Publish, RunContext, Stage
 from tkg.pipeline.llm.usage import take_usage
-from tkg.pipeline.stages import versions
+from tkg.pipeline.stages import resolve, versions
 from tkg.pipeline.stages.common import embed_column, previous_table, replaced
 
 
@@ -20,11 +20,13 @@ def communities_run(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Da
 
 def communities_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
     """An incremental run extends the previous snapshot's communities
-    (`communities.refresh: always` reruns label propagation instead), over every fact:
-    the versions this run wrote and the stored ones of every other edge."""
+    (`communities.refresh: always` reruns label propagation instead), over every fact and
+    every episode's mentions: the versions and rows this run wrote and the stored ones of
+    every other edge and episode."""
     facts = replaced(ctx, versions.FACTS, inputs["facts_versioned"],
                      communities.input_columns(schema.facts(ctx.dim)))
-    return _communities(ctx, {**inputs, "facts_versioned": facts},
+    mentions = replaced(ctx, resolve.MENTIONS_TABLE, inputs["mentions"])
+    return _communities(ctx, {**inputs, "facts_versioned": facts, "mentions": mentions},
                         "extend" if ctx.config.communities.refresh == "extend" else "refresh")
 
 
@@ -53,7 +55,8 @@ def _communities(ctx: RunContext, inputs: dict[str, Dataset], mode: str
 
 STAGE = Stage("communities", ("entities_embedded", "facts_versioned", "mentions"),
               ("community_rows", "communities", "community_members"), communities_run,
-              update=communities_update, state=("communities", "community_members", "facts"),
+              update=communities_update,
+              state=("communities", "community_members", "facts", "mentions"),
               reads=communities.input_columns,  # no vectors: the 160,000-episode night read
               # 300 MB of fact vectors it never used, on Ray Data
               publishes=(Publish("communities", "communities"),

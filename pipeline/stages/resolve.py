@@ -20,6 +20,7 @@ from tkg.pipeline.stages.common import (
     INTERNAL_PAIRS,
     created_now,
     distinct_entities,
+    distinct_rows,
     grown,
     join_alias_map,
     on_one_side,
@@ -144,47 +145,70 @@ def _whole(ctx: RunContext, nodes: Dataset) -> Dataset:
 def _resolved(ctx: RunContext, inputs: dict[str, Dataset],
               decide: Callable[[Dataset], Dataset]) -> dict[str, Dataset]:
     """The pairs `decide` makes of the name nodes, connected components and entities, each
-    a shuffle keyed by group."""
+    a shuffle keyed by group; the entities and the episodes' mention rows of a later run
+    from what the night changed (`_night`)."""
     nodes = inputs["name_vectors"]
     pairs = decide(nodes)
     every_node = engine.map(ctx, nodes, resolve.node_pairs)
     alias_map = engine.shuffle(ctx, engine.union(ctx, pairs, every_node), ["group_id"],
                                resolve.cluster).materialize()
-    with_entity = join_alias_map(grown(ctx, MENTIONS, inputs["entity_mentions"]),
-                                 alias_map, ctx, "normalized")
-    by_entity = engine.partition(ctx, with_entity, ["group_id", "entity_id"])  # 2 uses
-    entities = _entities(ctx, by_entity, alias_map, inputs["entity_mentions"])
+    every_mention = grown(ctx, MENTIONS, inputs["entity_mentions"])
+    night = _night(ctx, alias_map, every_mention, inputs["entity_mentions"])
+    if night is None:
+        by_entity = engine.partition(ctx, join_alias_map(every_mention, alias_map, ctx,
+                                                         "normalized"),
+                                     ["group_id", "entity_id"])  # 2 uses
+        entities = engine.map(ctx, by_entity, resolve.resolve_entities, ctx.created_at,
+                              batch_size=None).materialize()
+        mentions = engine.map(ctx, by_entity, resolve.episode_mentions, batch_size=None)
+    else:
+        entities, mentions = night
     return {
         "resolution_pairs": pairs,
         "alias_map": alias_map,
         "resolved_entities": entities,
         "entity_aliases": engine.map(ctx, entities, resolve.alias_rows),
-        "mentions": engine.map(ctx, by_entity, resolve.episode_mentions, batch_size=None),
+        "mentions": mentions,
     }
 
 
-def _entities(ctx: RunContext, by_entity: Dataset, alias_map: Dataset, new: Dataset
-              ) -> Dataset:
-    """`resolve.resolve_entities` of the mentions `by_entity` (partitioned by entity). An
-    entity's row is a function of its mentions and of its names' alias rows, so a later run
-    merges the row of tonight's mentions (`new`: the names stage's own, `names.MENTIONS`)
-    into the stored row of each entity whose alias rows the previous snapshot's `_name_map`
-    holds as they are (`node_merge.merge_rows`), computes again from every mention the
-    entities whose alias rows changed and those a merge cannot make exactly, and keeps the
-    stored row of every other entity (`_resolved_entities`), with this run's transaction
-    time as every row gets. Every entity's row was 0.94 s of the 160,000-episode night
-    (713,000 mentions), to change a few hundred; the rows of the entities the night
-    mentions, from all their mentions, 0.64 s (hub names)."""
+def _night(ctx: RunContext, alias_map: Dataset, every_mention: Dataset, new: Dataset
+           ) -> tuple[Dataset, Dataset] | None:
+    """A later run's entities (`_entities`) and the mention rows of the episodes whose rows
+    change (`_episode_mentions`: published as `MENTIONS_TABLE`, replacing those episodes'
+    rows), from the alias rows that changed since the previous snapshot's `_name_map`; None
+    on a first run, or where that snapshot lacks what this needs."""
     stored = previous_table(ctx, INTERNAL_ENTITIES)
     before = previous_table(ctx, INTERNAL_NAMES)  # (a snapshot of an earlier tkg kept
     if stored is None or before is None or not (  # three of its columns)
             set(schema.NAME_MAP.names) <= set(engine.columns(before))):
-        return engine.map(ctx, by_entity, resolve.resolve_entities, ctx.created_at,
-                          batch_size=None).materialize()
-    changed = engine.map(ctx, on_one_side(ctx, before, alias_map, schema.NAME_MAP.names),
-                         only, ["entity_id"]).materialize()
-    mentioned = engine.join(ctx, join_alias_map(new, alias_map, ctx, "normalized"),
-                            engine.shuffle(ctx, changed, ["entity_id"], distinct_entities),
+        return None
+    changed = on_one_side(ctx, before, alias_map, schema.NAME_MAP.names).materialize()
+    entities = _entities(ctx, stored, changed, alias_map, every_mention, new)
+    return entities, _episode_mentions(ctx, changed, alias_map, every_mention, new)
+
+
+def _mapped_of(ctx: RunContext, every_mention: Dataset, alias_map: Dataset, names: Dataset
+               ) -> Dataset:
+    """The mentions of `names` (group_id, normalized: distinct) with their entity."""
+    return join_alias_map(engine.join(ctx, every_mention, names, "inner",
+                                      ("group_id", "normalized")), alias_map, ctx, "normalized")
+
+
+def _entities(ctx: RunContext, stored: Dataset, changed: Dataset, alias_map: Dataset,
+              every_mention: Dataset, new: Dataset) -> Dataset:
+    """`resolve.resolve_entities` of every entity's mentions. An entity's row is a function
+    of its mentions and of its names' alias rows, so a later run merges the row of
+    tonight's mentions (`new`: the names stage's own, `names.MENTIONS`) into the stored row
+    of each entity none of whose alias rows `changed` (`node_merge.merge_rows`), computes
+    again from every mention of its names each entity with a changed alias row and each a
+    merge cannot make exactly, and keeps the stored row of every other entity
+    (`_resolved_entities`), with this run's transaction time as every row gets. Every
+    entity's row was 0.94 s of the 160,000-episode night (713,000 mentions), to change a
+    few hundred; those the night mentions, from all their mentions, 0.64 s (hub names)."""
+    moved = engine.shuffle(ctx, engine.map(ctx, changed, only, ["entity_id"]), ["entity_id"],
+                           distinct_entities).materialize()
+    mentioned = engine.join(ctx, join_alias_map(new, alias_map, ctx, "normalized"), moved,
                             "left_anti", ("entity_id",))
     later = engine.shuffle(ctx, mentioned, ["group_id", "entity_id"], resolve.resolve_entities,
                            ctx.created_at).materialize()
@@ -194,18 +218,37 @@ def _entities(ctx: RunContext, by_entity: Dataset, alias_map: Dataset, new: Data
         True).materialize()
     kept_merged = engine.map(ctx, merged, node_merge.marked, False).materialize()
     ctx.count("entities_merged", kept_merged.count())
-    redo = engine.shuffle(ctx, engine.union(ctx, changed, engine.map(
+    redo = engine.shuffle(ctx, engine.union(ctx, moved, engine.map(
         ctx, engine.map(ctx, merged, node_merge.marked, True), only, ["entity_id"])),
         ["entity_id"], distinct_entities).materialize()
     ctx.count("entities_resolved_again", redo.count())
-    mentions = engine.partition(ctx, engine.join(ctx, by_entity, redo, "inner",
-                                                 ("entity_id",)), ["group_id", "entity_id"])
-    again = engine.map(ctx, mentions, resolve.resolve_entities, ctx.created_at,
-                       batch_size=None)
+    names = engine.shuffle(ctx, engine.map(ctx, engine.join(ctx, alias_map, redo, "inner", (
+        "entity_id",)), only, ["group_id", "normalized"]), ["group_id", "normalized"],
+        distinct_rows).materialize()
+    again = engine.shuffle(ctx, _mapped_of(ctx, every_mention, alias_map, names),
+                           ["group_id", "entity_id"], resolve.resolve_entities, ctx.created_at)
     done = engine.union(ctx, redo, engine.map(ctx, kept_merged, only, ["entity_id"]))
     kept = engine.map(ctx, engine.join(ctx, stored, done, "left_anti", ("entity_id",)),
                       created_now, ctx.created_at)
     return engine.union(ctx, kept_merged, again, kept).materialize()
+
+
+def _episode_mentions(ctx: RunContext, changed: Dataset, alias_map: Dataset,
+                      every_mention: Dataset, new: Dataset) -> Dataset:
+    """The (episode, entity) rows of the episodes whose rows change: tonight's, and those
+    that mention a name whose alias row changed (its entity may have). Every episode's
+    rows were 0.49 s of the 160,000-episode night (735,000 mentions) and their mapping to
+    entities 0.24 s."""
+    names = engine.shuffle(ctx, engine.map(ctx, changed, only, ["group_id", "normalized"]),
+                           ["group_id", "normalized"], distinct_rows)
+    episodes = engine.union(ctx, engine.map(ctx, new, only, ["group_id", "episode_id"]),
+                            engine.map(ctx, engine.join(ctx, every_mention, names, "inner", (
+                                "group_id", "normalized")), only, ["group_id", "episode_id"]))
+    touched = engine.shuffle(ctx, episodes, ["group_id", "episode_id"], distinct_rows)
+    rows = join_alias_map(engine.join(ctx, every_mention, touched, "inner", (
+        "group_id", "episode_id")), alias_map, ctx, "normalized")
+    return engine.map(ctx, engine.partition(ctx, rows, ["group_id", "episode_id"]),
+                      resolve.episode_mentions, batch_size=None)
 
 
 def resolve_stage(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dataset]:
@@ -233,6 +276,9 @@ def resolve_update(ctx: RunContext, inputs: dict[str, Dataset]) -> dict[str, Dat
     return _resolved(ctx, inputs, against_stored)
 
 
+# the episodes' mention rows: a later run's output holds every row of the episodes whose
+# rows change (`_episode_mentions`), the table keeps the stored rows of every other episode
+MENTIONS_TABLE = Publish("mentions", "mentions", replaces="episode_id")
 STAGE = Stage("resolve", ("name_vectors", "extractions", "entity_mentions"),
               ("resolution_pairs", "alias_map", "resolved_entities", "entity_aliases",
                "mentions"), resolve_stage, update=resolve_update,
@@ -240,4 +286,4 @@ STAGE = Stage("resolve", ("name_vectors", "extractions", "entity_mentions"),
               publishes=(Publish("resolution_pairs", INTERNAL_PAIRS),
                          Publish("resolved_entities", INTERNAL_ENTITIES),
                          Publish("entity_aliases", "entity_aliases"),
-                         Publish("mentions", "mentions")))
+                         MENTIONS_TABLE))
