@@ -255,6 +255,33 @@ def test_a_driver_join_cuts_a_bigger_right_side_to_the_left_keys(join_type):
         want.select(got.column_names).sort(pl.all()))
 
 
+@pytest.mark.parametrize("join_type", ["inner", "left_outer", "left_anti"])
+def test_a_driver_join_cuts_a_bigger_left_side_to_the_right_keys(join_type):
+    """`_join_tables` with the left the bigger side (many chunks, null keys, a key as
+    large_string on one side, keys matched one by one but not together): an inner join
+    first keeps the left rows whose every key the right holds, an anti join keeps the
+    others where they stand; the rows and their order are those of the whole join."""
+    import polars as pl
+    from tkg.pipeline.engine import _join_tables
+
+    chunks = [pa.table({"group_id": pa.array(["g", "h", None, "g"], pa.large_string()),
+                        "key": pa.array([f"k{i % 7}", "a", "a", "b"]),
+                        "vector": pa.array([[float(i)] * 2] * 4, pa.list_(pa.float32(), 2))})
+              for i in range(40)]
+    left = pa.concat_tables(chunks)
+    right = pa.table({"group_id": ["g", "h", "g", None], "key": ["a", "b", "k3", "a"],
+                      "value": [1, 2, 3, 4]})
+    on = ["group_id", "key"]
+    got = _join_tables(left, right, join_type, on)
+    how = {"inner": "inner", "left_outer": "left", "left_anti": "anti"}[join_type]
+    want = pl.from_arrow(left).with_columns(pl.col("group_id").cast(pl.String)).join(
+        pl.from_arrow(right), on=on, how=how, maintain_order="left")
+    assert got.num_rows == want.height == {"inner": 6, "left_outer": 160, "left_anti": 154}[
+        join_type]
+    assert pl.from_arrow(got).with_columns(pl.col("group_id").cast(pl.String)).equals(
+        want.select(got.column_names))
+
+
 def test_driver_tables_are_sized_as_ray_sizes_their_blocks(ray_session):
     """The size policy places a dataset of driver tables by the bytes Ray Data's metadata
     would give their blocks (`DriverDataset.size_bytes`, computed once): sliced, chunked,
