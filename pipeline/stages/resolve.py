@@ -208,14 +208,7 @@ def _entities(ctx: RunContext, stored: Dataset, changed: Dataset, alias_map: Dat
     few hundred; those the night mentions, from all their mentions, 0.64 s (hub names)."""
     moved = engine.shuffle(ctx, engine.map(ctx, changed, only, ["entity_id"]), ["entity_id"],
                            distinct_entities).materialize()
-    mentioned = engine.join(ctx, join_alias_map(new, alias_map, ctx, "normalized"), moved,
-                            "left_anti", ("entity_id",))
-    later = engine.shuffle(ctx, mentioned, ["group_id", "entity_id"], resolve.resolve_entities,
-                           ctx.created_at).materialize()
-    merged = engine.shuffle_together(ctx, {"later": later, "stored": engine.join(
-        ctx, stored, engine.map(ctx, later, only, ["entity_id"]), "inner", ("entity_id",))},
-        node_merge.ENTITY_KEYS, node_merge.tagged, node_merge.merge_rows, ctx.created_at,
-        True).materialize()
+    merged = _merged_entities(ctx, stored, moved, alias_map, new)
     kept_merged = engine.map(ctx, merged, node_merge.marked, False).materialize()
     ctx.count("entities_merged", kept_merged.count())
     redo = engine.shuffle(ctx, engine.union(ctx, moved, engine.map(
@@ -231,6 +224,22 @@ def _entities(ctx: RunContext, stored: Dataset, changed: Dataset, alias_map: Dat
     kept = engine.map(ctx, engine.join(ctx, stored, done, "left_anti", ("entity_id",)),
                       created_now, ctx.created_at)
     return engine.union(ctx, kept_merged, again, kept).materialize()
+
+
+def _merged_entities(ctx: RunContext, stored: Dataset, moved: Dataset, alias_map: Dataset,
+                     new: Dataset) -> Dataset:
+    """`node_merge.merge_rows` of the entities tonight's mentions (`new`) name, but those
+    `moved` (an alias row changed): each stored row merged with the row of tonight's
+    mentions of it, or marked to be made again."""
+    mentioned = engine.join(ctx, join_alias_map(new, alias_map, ctx, "normalized"), moved,
+                            "left_anti", ("entity_id",))
+    later = engine.shuffle(ctx, mentioned, ["group_id", "entity_id"], resolve.resolve_entities,
+                           ctx.created_at).materialize()
+    ids = engine.map(ctx, later, only, ["entity_id"])
+    return engine.shuffle_together(
+        ctx, {"later": later, "stored": engine.join(ctx, stored, ids, "inner", ("entity_id",))},
+        node_merge.ENTITY_KEYS, node_merge.tagged, node_merge.merge_rows, ctx.created_at,
+        True).materialize()
 
 
 def _episode_mentions(ctx: RunContext, changed: Dataset, alias_map: Dataset,
