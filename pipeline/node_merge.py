@@ -140,19 +140,13 @@ def _with_entity_labels(merged: pl.DataFrame, pairs: pl.DataFrame, keys: list[st
                .group_by([*keys, "label_names"])
                .agg(count=pl.col("label_counts").sum(), last=pl.col("label_last").max())
                .rename({"label_names": "label"}))
-    state = counted.sort([*keys, "label"]).group_by(keys, maintain_order=True).agg(
-        label_names=pl.col("label"), label_counts=pl.col("count"),
-        label_last=pl.col("last"))
     strongest = resolve.strongest_labels(counted, keys).select(
         *keys, labels=pl.concat_list("label"))
-    return (merged.join(state, on=keys, how="left").join(strongest, on=keys, how="left")
-            .with_columns(labels=pl.col("labels").fill_null([]),
-                          label_names=pl.col("label_names").fill_null([]),
-                          label_counts=pl.col("label_counts").fill_null([]),
-                          label_last=pl.col("label_last").fill_null([])))
+    return (resolve.with_label_lists(merged, counted, keys)
+            .join(strongest, on=keys, how="left")
+            .with_columns(labels=pl.col("labels").fill_null([])))
 
 
 def _attributes(before: str | None, after: str | None) -> str:
     """The stored attributes updated by the later ones, as `resolve_entities` writes them."""
-    merged = {**json.loads(before or "{}"), **json.loads(after or "{}")}
-    return json.dumps(merged, ensure_ascii=False, sort_keys=True, default=str)
+    return resolve.attributes_text({**json.loads(before or "{}"), **json.loads(after or "{}")})

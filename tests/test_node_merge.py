@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
@@ -53,33 +54,47 @@ def _by_name(table: pa.Table) -> dict[tuple[str, str], dict]:
     return {(r["group_id"], r["normalized"]): r for r in table.to_pylist()}
 
 
-def test_merged_nodes_are_the_nodes_of_every_mention():
-    rng = random.Random(11)
+def _merge_cases(rng: random.Random, rows_of: Callable[[list[dict]], pa.Table],
+                 key: Callable[[dict], tuple[str, str]], entities: bool,
+                 mapped: Callable[[list[dict]], list[dict]] = lambda rows: rows
+                 ) -> dict[str, int]:
+    """60 random cases of stored and later mentions (`mapped` to entities or not): every
+    row `merge_rows` merges equals `rows_of` every mention; one it marks had a stored row.
+    Returns how many rows merged, were marked and were new."""
     outcomes = {"merged": 0, "again": 0, "new": 0}
+
+    def by_key(table: pa.Table) -> dict[tuple[str, str], dict]:
+        return {key(r): r for r in table.to_pylist()}
+
     for case in range(60):
         early = datetime(2024, 1, 1, tzinfo=UTC)
         # later mentions after the stored ones, or (a third of the cases) overlapping them
         late = early + timedelta(hours=rng.choice([49, 60, 24 if case % 3 == 0 else 49]))
-        stored = _mentions(rng, range(0, rng.randint(0, 12)), early, 0.1)
-        later = _mentions(rng, range(100, 100 + rng.randint(1, 6)), late,
-                          0.15 if case % 5 == 0 else 0.0)
-        rows = pa.concat_tables([node_merge.tagged(_nodes(later), "later")]
-                                + ([node_merge.tagged(_nodes(stored), "stored")]
+        stored = mapped(_mentions(rng, range(0, rng.randint(0, 12)), early, 0.1))
+        later = mapped(_mentions(rng, range(100, 100 + rng.randint(1, 6)), late,
+                                 0.15 if case % 5 == 0 else 0.0))
+        rows = pa.concat_tables([node_merge.tagged(rows_of(later), "later")]
+                                + ([node_merge.tagged(rows_of(stored), "stored")]
                                    if stored else []))
-        merged = node_merge.merge_rows(rows, WHEN, False)
+        merged = node_merge.merge_rows(rows, WHEN, entities)
         assert merged.schema == node_merge.MERGED
-        whole, before = _by_name(_nodes(stored + later)), _by_name(_nodes(stored)) \
-            if stored else {}
-        got = _by_name(merged)
-        assert got.keys() == _by_name(_nodes(later)).keys()
-        for key, row in got.items():
-            again = row.pop(node_merge.AGAIN)
-            if again:
-                assert key in before
+        whole = by_key(rows_of(stored + later))
+        before = by_key(rows_of(stored)) if stored else {}
+        got = by_key(merged)
+        assert got.keys() == by_key(rows_of(later)).keys()
+        for at, row in got.items():
+            if row.pop(node_merge.AGAIN):
+                assert at in before
                 outcomes["again"] += 1
                 continue
-            outcomes["merged" if key in before else "new"] += 1
-            assert row == whole[key], (case, key)
+            outcomes["merged" if at in before else "new"] += 1
+            assert row == whole[at], (case, at)
+    return outcomes
+
+
+def test_merged_nodes_are_the_nodes_of_every_mention():
+    outcomes = _merge_cases(random.Random(11), _nodes,
+                            lambda r: (r["group_id"], r["normalized"]), False)
     assert min(outcomes.values()) > 10, outcomes
 
 
@@ -139,34 +154,9 @@ def _entities(rows: list[dict]) -> pa.Table:
     return resolve.resolve_entities(pa.Table.from_pylist(rows), WHEN)
 
 
-def _by_entity(table: pa.Table) -> dict[tuple[str, str], dict]:
-    return {(r["group_id"], r["entity_id"]): r for r in table.to_pylist()}
-
-
 def test_merged_entities_are_the_entities_of_every_mention():
     """An entity's strongest label, name, aliases (their evidence and scores) and
     attributes from the stored row and the later mentions' row alone."""
-    rng = random.Random(5)
-    outcomes = {"merged": 0, "again": 0, "new": 0}
-    for case in range(60):
-        early = datetime(2024, 1, 1, tzinfo=UTC)
-        late = early + timedelta(hours=rng.choice([49, 60, 24 if case % 3 == 0 else 49]))
-        stored = _mapped(_mentions(rng, range(0, rng.randint(0, 12)), early, 0.1))
-        later = _mapped(_mentions(rng, range(100, 100 + rng.randint(1, 6)), late,
-                                  0.15 if case % 5 == 0 else 0.0))
-        rows = pa.concat_tables([node_merge.tagged(_entities(later), "later")]
-                                + ([node_merge.tagged(_entities(stored), "stored")]
-                                   if stored else []))
-        merged = node_merge.merge_rows(rows, WHEN, True)
-        whole = _by_entity(_entities(stored + later))
-        before = _by_entity(_entities(stored)) if stored else {}
-        got = _by_entity(merged)
-        assert got.keys() == _by_entity(_entities(later)).keys()
-        for key, row in got.items():
-            if row.pop(node_merge.AGAIN):
-                assert key in before
-                outcomes["again"] += 1
-                continue
-            outcomes["merged" if key in before else "new"] += 1
-            assert row == whole[key], (case, key)
+    outcomes = _merge_cases(random.Random(5), _entities,
+                            lambda r: (r["group_id"], r["entity_id"]), True, _mapped)
     assert min(outcomes.values()) > 10, outcomes
