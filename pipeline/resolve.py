@@ -101,8 +101,11 @@ def resolve_entities(mentions: pa.Table, created_at: datetime, ids: bool = True
         df = df.with_columns(root=pl.col("normalized"), evidence=pl.lit("exact"),
                              score=pl.lit(1.0), entity_id=pl.lit(None, pl.String))
     keys = ["group_id", "_key"]
+    # in time, then by content: mentions of one episode tie in time, and which of their
+    # normalized names and attributes come first must not depend on the order the rows
+    # arrived in (the driver and Ray Data deliver them in different orders)
     df = df.with_columns(_key=pl.col("entity_id" if mapped else "normalized")).sort(
-        [*keys, "valid_at", "episode_id"])
+        [*keys, "valid_at", "episode_id", "normalized", "attributes"])
     base = df.group_by(keys, maintain_order=True).agg(
         entity_id=pl.col("entity_id").first(), normalized=pl.col("root").first(),
         first_seen=pl.col("valid_at").first(), last_seen=pl.col("valid_at").last(),
@@ -467,35 +470,39 @@ def _cores(nodes: pa.Table, config: ResolveConfig) -> tuple[list[str], list[str]
 
 def _named(nodes: pa.Table, config: ResolveConfig) -> tuple[pa.Table, pa.Table]:
     """(each node's `KEYED_NAMES` columns but key, role and part; its `name_parts` as
-    (row, key, role, part))."""
-    features: dict[str, list] = {name: [] for name in (
-        "core", "cls", "specific", "digits", "lone", "personish")}
-    parts: dict[str, list] = {"row": [], "key": [], "role": [], "part": []}
+    (row, key, role, part)). One pass over the names with a list per column (a dict of
+    lists filled through `zip` per value was 2.9 s of this function's 9.7 at 200,000
+    names, cProfile)."""
     normals, cores = _cores(nodes, config)
+    core_keys, classes, specifics, digits, lones, persons = [], [], [], [], [], []
+    part_rows, keys, roles, texts = [], [], [], []
     for row, (normalized, core, name, node_labels) in enumerate(zip(
             normals, cores, nodes["name"].to_pylist(), nodes["labels"].to_pylist(),
             strict=True)):
-        tokens = core.split()
         personish, cls, specific = _label_features(tuple(node_labels or ()))
         for key, role, part in name_parts(core, name, personish, config):
-            for column, value in zip(parts, (row, key, role, part), strict=True):
-                parts[column].append(value)
-        for column, value in (("core", order_free(core)), ("cls", cls), ("specific", specific),
-                              ("digits", " ".join(_DIGITS.findall(normalized))),
-                              ("lone", len(tokens) == 1 and name[:1].isupper()),
-                              ("personish", personish)):
-            features[column].append(value)
+            part_rows.append(row)
+            keys.append(key)
+            roles.append(role)
+            texts.append(part)
+        core_keys.append(order_free(core))
+        classes.append(cls)
+        specifics.append(specific)
+        digits.append(" ".join(_DIGITS.findall(normalized)))
+        lones.append(len(core.split()) == 1 and name[:1].isupper())
+        persons.append(personish)
     table = nodes.select(["group_id", "normalized"]).append_column(
         "mentions", pc.cast(nodes["mention_count"], pa.int64()))
-    for column, values in features.items():
+    for column, values in (("core", core_keys), ("cls", classes), ("specific", specifics),
+                           ("digits", digits), ("lone", lones), ("personish", persons)):
         table = table.append_column(column, pa.array(values, KEYED_NAMES.field(column).type))
     for column in ("first_seen", "last_seen"):  # a nickname's evidence (`_nicknames`)
         table = table.append_column(column, nodes[column].cast(schema.TS)
                                     if column in nodes.column_names
                                     else pa.nulls(nodes.num_rows, schema.TS))
-    return table, pa.table({"row": pa.array(parts["row"], pa.int64()),
-                            **{c: pa.array(parts[c], pa.string()) for c in ("key", "role",
-                                                                             "part")}})
+    return table, pa.table({"row": pa.array(part_rows, pa.int64()),
+                            **{c: pa.array(v, pa.string()) for c, v in (
+                                ("key", keys), ("role", roles), ("part", texts))}})
 
 
 def _with_parts(table: pa.Table, parts: pa.Table) -> pa.Table:
