@@ -199,9 +199,10 @@ class EmbedConfig(_Section):
     precision: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="of the vectors that only rank search results (episodes, "
         "facts, the question); names and relation phrases, compared with thresholds, embed "
-        "in float32. auto = bfloat16 on CPUs with native bf16 (AVX512-BF16, AMX), else "
-        "float32. bfloat16 on a plain BERT model such as MiniLM: its matrix products on "
-        "torch (pipeline/minilm_numpy.py), ~2x faster on such CPUs (tkg bench build, 20,000 "
+        "in float32. auto = bfloat16 where it is the faster (AMX, or AVX512-BF16 on AMD: "
+        "pipeline/embed.py bf16_pays), else float32. bfloat16 on a plain BERT model such "
+        "as MiniLM: its matrix products on torch (pipeline/minilm_numpy.py), ~2x faster on "
+        "such CPUs (tkg bench build, 20,000 "
         "episodes: 114.8 episodes/s against 76.7), vectors within 2.1e-3 of float32's, "
         "LoCoMo recall@10 single-hop -.0024, multi-hop -.0025, open-domain +.0055; other "
         "models: sentence-transformers under torch autocast"

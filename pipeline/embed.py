@@ -136,18 +136,22 @@ class SentenceTransformerEmbedder:
 
 
 def uses_bfloat16(config: EmbedConfig) -> bool:
-    """Whether `embed.precision` means bfloat16 here (auto: on CPUs with native bf16)."""
-    return config.precision == "bfloat16" or (config.precision == "auto" and cpu_has_bf16())
+    """Whether `embed.precision` means bfloat16 here (auto: where it pays, `bf16_pays`)."""
+    return config.precision == "bfloat16" or (config.precision == "auto" and bf16_pays())
 
 
-def cpu_has_bf16() -> bool:
-    """Native bf16 math (AVX512-BF16 or AMX): MiniLM's matrix products then run ~2x faster
-    than in float32 (one thread of the 2-core EPYC: 198 against 97 GFLOP/s)."""
+def bf16_pays() -> bool:
+    """Whether MiniLM's matrix products run faster in bf16 than in float32 on this CPU: with
+    AMX, or AVX512-BF16 on AMD. One thread of the 2-core AMD EPYC (AVX512-BF16): 198 against
+    97 GFLOP/s. On a 2-core Intel Xeon (family 6, model 207) whose AVX512-BF16 comes without
+    AMX, bf16 was the slower: 1,000 fact texts in 6.2-6.9 s against float32's 4.9-6.1 (one
+    thread, three rounds), `tkg bench build --episodes 20000` 85.0 episodes/s against 94.4
+    (embedding 169.9 s against 145.2)."""
     try:
-        flags = Path("/proc/cpuinfo").read_text()
+        cpu = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return "amx_bf16" in cpu or ("avx512_bf16" in cpu and "AuthenticAMD" in cpu)
 
 
 class BGEM3Embedder:
@@ -218,7 +222,7 @@ def build_embedder(config: TkgConfig, ranked: bool = False) -> Embedder:
     """The build's embedder, a function of the config alone, so that the driver and the
     actors give the same vectors: where the model's layout allows, the BERT encoder of
     pipeline/minilm_numpy.py, for `ranked` vectors (`RANKED`) in bfloat16 on torch where
-    `embed.precision` means it (`uses_bfloat16`: auto on CPUs with native bf16), else in
+    `embed.precision` means it (`uses_bfloat16`: auto where bf16 is the faster), else in
     float32 on numpy (sentence-transformers' vectors to 3e-7, without torch); else the
     configured backend.
 

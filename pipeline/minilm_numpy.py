@@ -8,7 +8,7 @@ and numpy only. The forward pass is float32 throughout: it agrees with sentence-
 in float32 to ~1e-6 (tests/test_minilm_numpy.py) and with its bfloat16 autocast to ~1e-3.
 
 `Bf16BertEncoder` is the same model with its matrix products in bfloat16 on torch, for
-builds on CPUs with native bf16 (`embed.precision`); queries keep the float32 encoder.
+builds on CPUs where bf16 is the faster (`embed.precision`); queries keep the float32 encoder.
 """
 
 from __future__ import annotations

@@ -67,10 +67,10 @@ def test_a_folder_of_another_layout_has_no_numpy_encoder(tmp_path: Path) -> None
 @pytest.mark.parametrize("precision", ["float32", "auto"])
 def test_a_cold_query_imports_torch_only_for_bfloat16(tmp_path: Path, precision: str) -> None:
     """A store whose manifest names the packaged MiniLM is queried by a fresh process: on
-    numpy without torch in float32; in bfloat16 (`auto` on a CPU with native bf16) the
+    numpy without torch in float32; in bfloat16 (`auto` where bf16 is the faster) the
     question's encoder is torch's."""
     from tkg.pipeline.config import TkgConfig
-    from tkg.pipeline.embed import cpu_has_bf16
+    from tkg.pipeline.embed import bf16_pays
 
     embed = EmbedConfig(precision=precision)
     root = build_store(tmp_path / "store", numpy_embedder(embed),
@@ -85,16 +85,16 @@ def test_a_cold_query_imports_torch_only_for_bfloat16(tmp_path: Path, precision:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300, check=True)
-    torch = precision == "auto" and cpu_has_bf16()
+    torch = precision == "auto" and bf16_pays()
     assert done.stdout.strip().splitlines()[-1] == ("['torch']" if torch else "[]")
 
 
 def test_the_build_embeds_in_numpy_unless_bfloat16_is_chosen() -> None:
     """One rule for the driver and the actors: the same vectors from both. bfloat16, asked
-    for or `auto` on a CPU with native bf16, runs the same encoder's products on torch, for
+    for or `auto` where bf16 is the faster, runs the same encoder's products on torch, for
     the vectors that only rank (episodes, facts); names and relation phrases stay float32."""
     from tkg.pipeline.config import TkgConfig
-    from tkg.pipeline.embed import build_embedder, cpu_has_bf16
+    from tkg.pipeline.embed import bf16_pays, build_embedder
     from tkg.pipeline.minilm_numpy import Bf16BertEncoder, NumpyBertEncoder
 
     def built(precision: str, ranked: bool = True) -> type:
@@ -103,5 +103,5 @@ def test_the_build_embeds_in_numpy_unless_bfloat16_is_chosen() -> None:
 
     assert built("float32") is NumpyBertEncoder
     assert built("bfloat16") is Bf16BertEncoder
-    assert built("auto") is (Bf16BertEncoder if cpu_has_bf16() else NumpyBertEncoder)
+    assert built("auto") is (Bf16BertEncoder if bf16_pays() else NumpyBertEncoder)
     assert built("bfloat16", ranked=False) is built("auto", ranked=False) is NumpyBertEncoder
