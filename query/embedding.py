@@ -1,7 +1,7 @@
 """The query's embedder: the build's encoder, in the snapshot's precision, laid out for a
 question's few tokens.
 
-In bfloat16 (`embed.precision: auto` on a CPU with native bf16, as the build's ranked
+In bfloat16 (`embed.precision: auto` where bf16 is the faster, as for the build's ranked
 vectors) a question's one or two texts go through `Bf16BertEncoder` in one padded batch on
 one torch thread: a LoCoMo question pair 10.3-10.8 -> 7.4-8.2 ms against the float32 form
 below (p50 of 300; two OpenMP threads took 0.8-5 ms a 28-row product on the loaded 2-core
