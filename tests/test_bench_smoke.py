@@ -115,6 +115,10 @@ def test_bench_incremental(ray_session, config_file, capfd):
     peaks = figures["night_stage_peak_driver_rss_mb"]
     assert peaks.keys() == figures["seconds"].keys()
     assert 0 < max(peaks.values()) <= figures["night_peak_driver_rss_mb"]
+    retrieval = figures["night_retrieval_seconds"]
+    assert {"episodes", "facts", "entities"} <= retrieval["tables"].keys()
+    assert all(t["arrays_s"] >= 0 and t["table_s"] >= 0 for t in retrieval["tables"].values())
+    assert retrieval["seconds"] >= max(t["table_s"] for t in retrieval["tables"].values())
 
 
 def test_bench_scale(ray_session, config_file, capfd):
